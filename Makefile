@@ -1,0 +1,45 @@
+# dynnet_ros — developer entry points. `make demo` and `make test` work on a fresh
+# Debian/Ubuntu machine with Python >= 3.10 and no ROS installed: they build .venv from
+# PyPI (ROS 2 Kilted wheels included) and install this package editable.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+DEMO_DURATION ?= 30
+PYTEST_ARGS ?=
+
+# Keep every ROS process on loopback unless the user chose otherwise.
+export ROS_AUTOMATIC_DISCOVERY_RANGE ?= LOCALHOST
+export RMW_IMPLEMENTATION ?= rmw_fastrtps_cpp
+export PYTHONDONTWRITEBYTECODE = 1
+
+.PHONY: venv zoo test demo bench colcon-check clean help
+
+help:
+	@echo "make demo   - build the venv and demo models, run the vehicle graph, write demo-report/"
+	@echo "make test   - build the venv and run the whole test suite"
+	@echo "make bench  - run the benchmarks under bench/"
+
+$(VENV)/.stamp: requirements.txt requirements-dev.txt setup.py package.xml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade "pip>=24"
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $@
+
+venv: $(VENV)/.stamp
+
+zoo: venv
+	$(VENV)/bin/dynnet zoo build
+
+test: venv
+	$(PY) -m pytest test $(PYTEST_ARGS)
+
+demo: zoo
+	$(VENV)/bin/dynnet demo --duration $(DEMO_DURATION) --report demo-report
+
+bench: zoo
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build install log demo-report .pytest_cache *.egg-info

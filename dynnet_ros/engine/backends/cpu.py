@@ -1,0 +1,45 @@
+"""onnxruntime on the CPU: the reference backend and the kernel library of the planned engine."""
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+
+def default_threads() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
+def session_options(threads: int | None = None) -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads or default_threads()
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3  # warnings from ORT go to our diagnostics, not stderr spam
+    return options
+
+
+class OrtExecutor:
+    """One onnxruntime InferenceSession over the whole model."""
+
+    name = "cpu"
+
+    def __init__(self, model: onnx.ModelProto, *, threads: int | None = None,
+                 options: ort.SessionOptions | None = None) -> None:
+        try:
+            self._session = ort.InferenceSession(
+                model.SerializeToString(), sess_options=options or session_options(threads),
+                providers=["CPUExecutionProvider"])
+        except Exception as exc:  # ORT raises its own Fail/InvalidGraph types
+            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ValueError(f"onnxruntime cannot load the model: {message}") from exc
+        self._outputs = [o.name for o in self._session.get_outputs()]
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        values = self._session.run(self._outputs, dict(feeds))
+        return dict(zip(self._outputs, values))
+
+    def close(self) -> None:
+        self._session = None

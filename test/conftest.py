@@ -1,0 +1,12 @@
+"""Shared test setup: loopback-only ROS and a ROS_DOMAIN_ID of this run's own."""
+from __future__ import annotations
+
+import os
+import random
+
+# Before anything imports rclpy: never let Fast DDS discover beyond this machine.
+os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+if "DYNNET_TEST_DOMAIN_ID" not in os.environ:
+    # Valid ids 0..101 (with LOCALHOST participants); pick one per pytest run.
+    os.environ["DYNNET_TEST_DOMAIN_ID"] = str(random.Random(os.getpid()).randint(10, 100))
+os.environ["ROS_DOMAIN_ID"] = os.environ["DYNNET_TEST_DOMAIN_ID"]
