@@ -1,0 +1,89 @@
+"""`dynnet zoo build|info`: build the demo models into the cache and report their size/compute."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import onnx
+from rich.console import Console
+from rich.table import Table
+
+from dynnet_ros.commands import CommandError
+from dynnet_ros.zoo import BUILDER_VERSION, MODEL_NAMES, build_model, ensure_model, zoo_dir
+from dynnet_ros.zoo.samples import measure_latency
+from dynnet_ros.zoo.stats import ModelStats, model_stats
+
+NAME = "zoo"
+HELP = "build the deterministic demo models (lane, pedestrian, depth, gated, multiexit) and show their size"
+_H, _W = 480, 640
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="zoo_command", required=True, metavar="ACTION")
+    build = sub.add_parser("build", help="build all models into the cache (or --out DIR)")
+    build.add_argument("--out", type=Path, default=None, help="output directory (default: $DYNNET_ZOO_DIR "
+                       "or ~/.cache/dynnet_ros/zoo)")
+    build.add_argument("--force", action="store_true", help="rebuild even when the cached files are current")
+    build.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the table as JSON")
+    info = sub.add_parser("info", help="print params, weight MB and GFLOPs at 640x480 (builds in memory)")
+    info.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the table as JSON")
+    info.add_argument("--latency", action="store_true",
+                      help="also measure onnxruntime CPU latency at 640x480 (median of --runs)")
+    info.add_argument("--threads", type=int, default=2, help="intra-op threads for --latency (default 2)")
+    info.add_argument("--runs", type=int, default=10, help="timed runs per model for --latency (default 10)")
+
+
+def _row(name: str, stats: ModelStats, path: Path | None) -> dict:
+    return {"model": name, "params": stats.params, "weight_mb": round(stats.weight_mb, 2),
+            "gflops_640x480": round(stats.gflops, 3), "path": str(path) if path else None}
+
+
+def _shown(path: str | None) -> str:
+    return Path(path).name if path else "-"
+
+
+def _print(rows: list[dict], title: str) -> None:
+    table = Table(title=title)
+    timed = any("latency_ms_median" in r for r in rows)
+    cols = [("model", "left"), ("params", "right"), ("weight MB", "right"), ("GFLOPs @640x480", "right")]
+    cols += [("ORT ms median / min", "right"), ("CPU ms/run", "right")] if timed else [("file", "left")]
+    for col, justify in cols:
+        table.add_column(col, justify=justify)
+    for r in rows:
+        last = ([f"{r['latency_ms_median']:.0f} / {r['latency_ms_min']:.0f}", f"{r['cpu_ms_per_run']:.0f}"]
+                if timed else [_shown(r["path"])])
+        table.add_row(r["model"], f"{r['params']:,}", f"{r['weight_mb']:.1f}", f"{r['gflops_640x480']:.2f}", *last)
+    Console().print(table)
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = []
+    if args.zoo_command == "build":
+        out = args.out if args.out is not None else zoo_dir()
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {out} exists and is not a directory")
+        for name in MODEL_NAMES:
+            try:
+                path = ensure_model(name, out, force=args.force)
+            except OSError as exc:
+                raise CommandError(f"cannot write {name} model to {out}: {exc}") from exc
+            rows.append(_row(name, model_stats(onnx.load(path)), path))
+        title = f"dynnet zoo ({out}, builder {BUILDER_VERSION})"
+    else:
+        if args.threads < 1 or args.runs < 1:
+            raise ValueError("--threads and --runs must be >= 1")
+        for name in MODEL_NAMES:
+            model = build_model(name)
+            row = _row(name, model_stats(model), None)
+            if args.latency:
+                lat = measure_latency(model, name, _H, _W, threads=args.threads, runs=args.runs)
+                row.update(latency_ms_median=round(lat.median_ms, 1), latency_ms_min=round(lat.min_ms, 1),
+                           cpu_ms_per_run=round(lat.cpu_ms, 1), threads=args.threads)
+            rows.append(row)
+        title = f"dynnet zoo (builder {BUILDER_VERSION})"
+    _print(rows, title)
+    if args.json is not None:
+        args.json.write_text(json.dumps({"builder_version": BUILDER_VERSION, "input": [1, 3, _H, _W],
+                                         "models": rows}, indent=2) + "\n")
+    return 0

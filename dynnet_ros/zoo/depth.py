@@ -1,0 +1,85 @@
+"""`depth`: encoder-decoder depth estimator fusing the camera image with sparse LiDAR depth.
+
+Network: the image and the LiDAR depth (metres / 80) are concatenated into 4 channels; five
+stride-2 Conv+BN+ReLU stages go to H/32 (512 ch) where a heavy 3x3 conv and a DORN-style
+"full-image encoder" (GlobalAveragePool -> Gemm 512->2048->3072->512, broadcast back) hold most
+of the weights (>= 40 MB, almost all at 1/32 resolution or global, so compute stays modest). The decoder
+upsamples with Resize and adds encoder skips down to H/4 (grouped 3x3 convs), predicts one
+channel, applies Softplus + 0.5 m (always > 0) and resizes it x4 (bilinear) to input size.
+
+LiDAR fusion (hand-designed, deterministic): pixels with a return (lidar > 0) output the LiDAR
+value exactly; elsewhere the output blends a normalised-convolution densification of the LiDAR
+(hit-weighted averages over 8x8 and 32x32 cells, upsampled) with the network estimate, weighted
+by the local hit density: depth = m*L + (1-m)*(c*D + (1-c)*N), c = 1 - exp(-k * density).
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from .graph import FLOAT, GraphBuilder, image_input
+
+SEED = 303
+ENC = (32, 64, 128, 256, 512)          # /2 /4 /8 /16 /32
+FULL_IMAGE = (2048, 3072)              # hidden widths of the full-image encoder
+LIDAR_SCALE = 80.0                     # metres -> network input scale
+MIN_DEPTH = 0.5
+_CONF_GAIN = 100.0                    # confidence gain on the local LiDAR hit density
+
+
+def _sparse_fusion(g: GraphBuilder, lidar: str, net_depth: str) -> str:
+    """m*L + (1-m)*(c*D + (1-c)*N): exact at LiDAR hits, densified LiDAR near them."""
+    mask = g.op("Cast", [g.op("Greater", [lidar, g.const([0.0])])], to=onnx.TensorProto.FLOAT)
+    num, den = None, None
+    for cell, weight in ((8, 1.0), (32, 0.05)):
+        pool = {"kernel_shape": [cell, cell], "strides": [cell, cell]}
+        n = g.resize(g.op("AveragePool", [lidar], prefix="lidar_sum", **pool), float(cell), "linear")
+        d = g.resize(g.op("AveragePool", [mask], prefix="lidar_hits", **pool), float(cell), "linear")
+        if weight != 1.0:
+            n, d = g.op("Mul", [n, g.const([weight])]), g.op("Mul", [d, g.const([weight])])
+        num = n if num is None else g.op("Add", [num, n])
+        den = d if den is None else g.op("Add", [den, d])
+    dense = g.op("Div", [num, g.op("Add", [den, g.const([1e-6])])], prefix="lidar_dense")
+    # confidence c = 1 - exp(-k * den): ~0 where no hits nearby, -> 1 where hits are dense
+    conf = g.op("Sub", [g.const([1.0]), g.op("Exp", [g.op("Mul", [den, g.const([-_CONF_GAIN])])])])
+    est = g.op("Add", [g.op("Mul", [conf, dense]),
+                       g.op("Mul", [g.op("Sub", [g.const([1.0]), conf]), net_depth])])
+    keep = g.op("Mul", [mask, lidar])
+    return g.op("Add", [keep, g.op("Mul", [g.op("Sub", [g.const([1.0]), mask]), est])], prefix="fused")
+
+
+def build() -> onnx.ModelProto:
+    g = GraphBuilder("depth", SEED)
+    img = image_input(g)
+    lidar_in = g.add_input("lidar_depth", FLOAT, [1, 1, "H", "W"])
+    lidar = g.op("Relu", [lidar_in], prefix="lidar_valid")            # negative = invalid = 0
+    x = g.op("Concat", [img, g.op("Mul", [lidar, g.const([1.0 / LIDAR_SCALE])])], axis=1)
+
+    skips, cin, h = [], 4, x
+    for c in ENC:
+        h = g.cbr(h, cin, c, 3, stride=2)
+        skips.append(h)
+        cin = c
+    h = g.cbr(h, 512, 512, 3)                                          # heavy /32 layer
+    ctx = g.op("Flatten", [g.op("GlobalAveragePool", [h])], axis=1)    # full-image encoder
+    width = 512
+    for hidden in FULL_IMAGE:
+        ctx = g.relu(g.gemm(ctx, width, hidden))
+        width = hidden
+    ctx = g.gemm(ctx, width, 512, std=0.01)
+    ctx = g.op("Unsqueeze", [ctx, g.const([2, 3], np.int64)])          # [1,512,1,1]
+    h = g.relu(g.op("Add", [h, ctx]))
+
+    for skip, c in zip(skips[-2:0:-1], ENC[-2:0:-1]):                   # decoder: /16 /8 /4
+        h = g.cbr(h, cin, c, 1)
+        h = g.relu(g.op("Add", [g.resize(h, 2.0), skip]))
+        h = g.cbr(h, c, c // 2, 3, groups=4)                              # grouped 3x3 (ResNeXt-like)
+        cin = c // 2
+    raw = g.conv(h, cin, 1, 3, std=0.01)                                 # at /4
+    raw = g.op("Add", [raw, g.const([2.0])])                           # prior softplus(2) + 0.5 ~ 2.6 m
+    net_depth = g.op("Add", [g.op("Softplus", [raw]), g.const([MIN_DEPTH])])
+    # bilinear x4 of positive values stays positive
+    net_depth = g.resize(net_depth, 4.0, mode="linear")
+    depth = _sparse_fusion(g, lidar, net_depth)
+    g.add_output(depth, "depth", FLOAT, [1, 1, "H", "W"])
+    return g.model(__doc__.strip().splitlines()[0])

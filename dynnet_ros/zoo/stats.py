@@ -1,0 +1,119 @@
+"""Parameter, weight-size and MAC counts of a model at a given input size.
+
+Why our own counter: onnxruntime has no FLOP counter and the zoo's numbers (docs, tests, the
+`dynnet zoo info` table) only need the dominant ops. Shapes come from ONNX shape inference on a
+copy whose H, W are pinned; MACs are counted for Conv, Gemm and MatMul
+(elementwise ops, pooling and Resize are ignored, as is usual). `If` branches are counted as
+taken (an upper bound for the gated model).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import shape_inference
+
+
+@dataclass(frozen=True)
+class ModelStats:
+    params: int            # float elements in initializers (incl. hand-designed and BN)
+    weight_bytes: int      # bytes of all initializers
+    macs: int              # multiply-accumulates of Conv/Gemm/MatMul at the given size
+    height: int
+    width: int
+
+    @property
+    def weight_mb(self) -> float:
+        return self.weight_bytes / 1e6
+
+    @property
+    def gflops(self) -> float:
+        """2 FLOPs per MAC, in units of 1e9."""
+        return 2.0 * self.macs / 1e9
+
+
+def _initializer_sizes(graph: onnx.GraphProto) -> tuple[int, int]:
+    params = nbytes = 0
+    for init in graph.initializer:
+        n = int(np.prod(init.dims)) if init.dims else 1
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
+        nbytes += n * itemsize
+        if init.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16):
+            params += n
+    return params, nbytes
+
+
+def _pinned(model: onnx.ModelProto, height: int, width: int) -> onnx.ModelProto:
+    pinned = onnx.ModelProto()
+    pinned.CopyFrom(model)
+    for inp in pinned.graph.input:
+        for dim in inp.type.tensor_type.shape.dim:
+            if dim.dim_param == "H":
+                dim.dim_value = height
+            elif dim.dim_param == "W":
+                dim.dim_value = width
+    return shape_inference.infer_shapes(pinned, data_prop=True)
+
+
+def _shapes(graph: onnx.GraphProto, known: dict[str, list[int | None]]) -> None:
+    for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
+        dims = vi.type.tensor_type.shape.dim
+        known[vi.name] = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+    for init in graph.initializer:
+        known[init.name] = list(init.dims)
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """MACs and weight elements of one Conv/Gemm/MatMul node at a pinned input size."""
+
+    node: str
+    op_type: str
+    macs: int
+    params: int
+    out_shape: tuple[int, ...]
+
+
+def _node_cost(node: onnx.NodeProto, known: dict[str, list[int | None]]) -> LayerCost | None:
+    if node.op_type not in ("Conv", "Gemm", "MatMul"):
+        return None
+    out = known.get(node.output[0])
+    first = known.get(node.input[0])
+    weight = known.get(node.input[1]) or []
+    if not out or None in out or not first or None in first:
+        raise ValueError(f"cannot count MACs of {node.name}: shape unknown after inference")
+    if node.op_type == "Conv":
+        macs = int(np.prod(out)) * int(np.prod(weight[1:]))
+    else:
+        trans_a = any(at.name == "transA" and at.i for at in node.attribute)
+        k = first[-2] if trans_a else first[-1]
+        macs = int(np.prod(out)) * k
+    params = sum(int(np.prod(known[i])) for i in node.input[1:] if i in known and known[i] is not None
+                 and None not in known[i]) if len(node.input) > 1 else 0
+    return LayerCost(node.name, node.op_type, macs, params, tuple(int(d) for d in out))
+
+
+def _graph_layers(graph: onnx.GraphProto, known: dict[str, list[int | None]], out: list[LayerCost]) -> None:
+    _shapes(graph, known)
+    for node in graph.node:
+        cost = _node_cost(node, known)
+        if cost is not None:
+            out.append(cost)
+        for attr in node.attribute:   # If/Loop bodies: count the then-branch (upper bound)
+            if attr.type == onnx.AttributeProto.GRAPH and attr.name in ("then_branch", "body"):
+                _graph_layers(attr.g, dict(known), out)
+
+
+def layer_costs(model: onnx.ModelProto, height: int = 480, width: int = 640) -> list[LayerCost]:
+    """Per-node MACs/params of the Conv/Gemm/MatMul nodes (If then-branches included)."""
+    out: list[LayerCost] = []
+    _graph_layers(_pinned(model, height, width).graph, {}, out)
+    return out
+
+
+def model_stats(model: onnx.ModelProto, height: int = 480, width: int = 640) -> ModelStats:
+    """Params, weight bytes and MACs of ``model`` with H, W pinned to ``height`` x ``width``."""
+    params, nbytes = _initializer_sizes(model.graph)
+    macs = sum(c.macs for c in layer_costs(model, height, width))
+    return ModelStats(params, nbytes, macs, height, width)
