@@ -1,0 +1,133 @@
+"""`dynnet plan`: show what the planned engine does with a model — simplification, partitions,
+execution order and the memory plan at one input shape (arena height vs the lower bound)."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+NAME = "plan"
+HELP = "show the planned engine's simplification, partitions, order and memory plan for a model"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="ONNX file or zoo:NAME")
+    parser.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0xD1x...",
+                        help="concrete input shape for the memory plan (repeatable); default: every "
+                             "dynamic dim at the planner's reference size")
+    parser.add_argument("--granularity", choices=("choose", "auto", "fine", "coarse"), default="choose",
+                        help="choose: the planner picks auto or fine by arena lower bound + session cost")
+    parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    parser.add_argument("--order", action="store_true", help="print the full node execution order")
+
+
+def parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    for item in items:
+        name, sep, dims = item.partition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            shape = tuple(int(d) for d in dims.lower().split("x"))
+            if any(d < 0 for d in shape):
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"bad --input-shape {item!r}: use NAME=D0xD1x... (e.g. image=1x3x480x640)") from None
+        shapes[name] = shape
+    return shapes
+
+
+def build_report(model_spec: str, shapes: dict[str, tuple[int, ...]], granularity: str = "choose") -> dict:
+    from dynnet_ros.zoo import resolve_model_spec
+    from dynnet_ros.engine.backends.registry import load_for_backend
+    from dynnet_ros.engine.plan.executor import PlannedExecutor, PlannerOptions, _reference_shapes
+    from dynnet_ros.engine.plan.graph import node_name
+    from dynnet_ros.engine.plan.memory_plan import greedy_by_size
+
+    path = resolve_model_spec(model_spec)
+    executor = PlannedExecutor(load_for_backend("cpu", path),
+                               PlannerOptions(granularity=granularity, versions=False))
+    try:
+        graph = executor.graph
+        if not shapes:
+            shapes = _reference_shapes(graph, executor.options.reference_side)
+        unknown = sorted(set(shapes) - set(graph.inputs))
+        if unknown:
+            raise ValueError(f"unknown input(s) {unknown}; the model takes {graph.inputs}")
+        plan = executor.plan_for(shapes)
+        buffers = executor.plan_buffers(plan)
+        _, greedy_height = greedy_by_size(buffers) if buffers else ([], 0)
+        report = executor.simplify_report.to_json() if executor.simplify_report else {}
+        report["ort_extended_nodes"] = _ort_extended_nodes(path)
+        return {
+            "model": path,
+            "input_shapes": {k: list(v) for k, v in shapes.items()},
+            "shape_source": executor.shape_source.name,
+            "simplify": report,
+            "nodes": {"model": executor.original_nodes, "executed": len(graph.nodes)},
+            "granularity": executor.granularity,
+            "partitions": [s.describe(graph) for s in executor.segments],
+            "order": [node_name(graph.nodes[n], n) for n in executor.order],
+            "memory_plan": {
+                "boundary_tensors": len(plan.slots),
+                "in_arena": len(buffers),
+                "left_to_onnxruntime": sum(1 for s in plan.slots.values() if s.offset is None),
+                "arena_bytes": plan.height,
+                "lower_bound_bytes": plan.lower_bound,
+                "greedy_by_size_bytes": int(greedy_height),
+                "planning_ms": round(plan.seconds * 1e3, 3),
+            },
+        }
+    finally:
+        executor.close()
+
+
+def _ort_extended_nodes(path: str) -> int | None:
+    """Nodes left in onnxruntime's own ORT_ENABLE_EXTENDED-optimised graph (for comparison)."""
+    import tempfile
+
+    import onnx
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory() as tmp:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        options.optimized_model_filepath = str(Path(tmp, "opt.onnx"))
+        options.log_severity_level = 3
+        try:
+            ort.InferenceSession(path, sess_options=options, providers=["CPUExecutionProvider"])
+            return len(onnx.load(options.optimized_model_filepath, load_external_data=False).graph.node)
+        except Exception:
+            return None
+
+
+def _print(report: dict, show_order: bool) -> None:
+    simp, mem = report["simplify"], report["memory_plan"]
+    print(f"model {report['model']}  (shapes from {report['shape_source']})")
+    print(f"nodes: {report['nodes']['model']} in the model -> {report['nodes']['executed']} executed "
+          f"(onnxruntime's own EXTENDED graph: {report['simplify'].get('ort_extended_nodes')})")
+    if simp:
+        removed = ", ".join(f"{k} {v}" for k, v in simp["removed_by_pass"].items()) or "none"
+        fused = ", ".join(f"{k} {v}" for k, v in simp["fused"].items()) or "none"
+        print(f"simplification: removed {removed}; fused/rewritten {fused}")
+        print(f"shape ops before {simp['shape_ops_before']} after {simp['shape_ops_after']}")
+    print(f"partitions: {len(report['partitions'])} (granularity {report['granularity']})")
+    for part in report["partitions"]:
+        ops = ", ".join(part["nodes"][:6]) + (" ..." if len(part["nodes"]) > 6 else "")
+        print(f"  [{part['index']:3d}] {part['label']:14s} {part['kind']:8s} {len(part['nodes']):3d} nodes: {ops}")
+    if show_order:
+        print("order: " + " -> ".join(report["order"]))
+    mb = 2**20
+    lb = mem["lower_bound_bytes"]
+    print(f"memory plan at {report['input_shapes']}: arena {mem['arena_bytes'] / mb:.2f} MB, lower bound "
+          f"{lb / mb:.2f} MB ({(mem['arena_bytes'] / lb if lb else 1):.3f}x), greedy-by-size "
+          f"{mem['greedy_by_size_bytes'] / mb:.2f} MB; {mem['in_arena']} tensors in the arena, "
+          f"{mem['left_to_onnxruntime']} left to onnxruntime; planned in {mem['planning_ms']} ms")
+
+
+def run(args: argparse.Namespace) -> int:
+    report = build_report(args.model, parse_shapes(args.input_shape), args.granularity)
+    _print(report, args.order)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return 0

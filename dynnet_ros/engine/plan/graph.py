@@ -1,0 +1,213 @@
+"""A read-only index over an ONNX graph that the planner's passes share.
+
+Why: simplification, partitioning, ordering and the executor all ask the same questions —
+who produces a tensor, who consumes it, which names are weights, which tensors a control-flow
+body reads from the enclosing scope — and answering them once keeps each pass small.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+# Ops whose body graphs read outer-scope tensors and whose work depends on runtime values.
+CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
+
+
+def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """Body graphs attached to a node (If branches, Loop/Scan bodies)."""
+    out = []
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            out.append(attr.g)
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            out.extend(attr.graphs)
+    return out
+
+
+def outer_scope_inputs(graph: onnx.GraphProto) -> set[str]:
+    """Names a body graph uses but does not define (inputs from the enclosing scope)."""
+    defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    used: set[str] = set()
+    for node in graph.node:
+        for name in node.input:
+            if name and name not in defined:
+                used.add(name)
+        for body in subgraphs(node):
+            used |= {n for n in outer_scope_inputs(body) if n not in defined}
+        defined.update(o for o in node.output if o)
+    return used - defined
+
+
+def node_inputs(node: onnx.NodeProto) -> list[str]:
+    """Explicit inputs plus the outer-scope tensors read by the node's body graphs."""
+    names = [n for n in node.input if n]
+    for body in subgraphs(node):
+        names.extend(sorted(outer_scope_inputs(body)))
+    seen: set[str] = set()
+    return [n for n in names if not (n in seen or seen.add(n))]
+
+
+def node_name(node: onnx.NodeProto, index: int) -> str:
+    return node.name or f"{node.op_type}_{index}"
+
+
+@dataclass
+class GraphIndex:
+    """Producers, consumers, dtypes and weights of one model's top-level graph."""
+
+    model: onnx.ModelProto
+    producer: dict[str, int] = field(default_factory=dict)
+    consumers: dict[str, list[int]] = field(default_factory=dict)
+    dtypes: dict[str, np.dtype] = field(default_factory=dict)
+    elem_types: dict[str, int] = field(default_factory=dict)
+    initializers: dict[str, onnx.TensorProto] = field(default_factory=dict)
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    weights: dict[str, np.ndarray] = field(default_factory=dict)  # values of placeholder initializers
+
+    @classmethod
+    def build(cls, model: onnx.ModelProto, type_hints: dict[str, int] | None = None,
+              weights: dict[str, np.ndarray] | None = None) -> "GraphIndex":
+        """``type_hints``: element types known from elsewhere (e.g. the model before simplification,
+        for tensors whose producer became a contrib op onnx cannot infer). ``weights``: values of
+        the placeholder initializers of a skeleton model (see split_weights)."""
+        index = cls(model)
+        index.weights = weights or {}
+        graph = model.graph
+        index.initializers = {t.name: t for t in graph.initializer}
+        index.inputs = [v.name for v in graph.input if v.name not in index.initializers]
+        index.outputs = [v.name for v in graph.output]
+        for i, node in enumerate(graph.node):
+            for name in node.output:
+                if name:
+                    index.producer[name] = i
+            for name in node_inputs(node):
+                index.consumers.setdefault(name, []).append(i)
+        index._infer_types(type_hints or {})
+        return index
+
+    def _infer_types(self, hints: dict[str, int]) -> None:
+        """Element types of every tensor (shape-independent, so inference on the raw model is enough)."""
+        try:
+            inferred = onnx.shape_inference.infer_shapes(self.model, strict_mode=False)
+        except Exception:  # a model onnx cannot infer still runs; unknown types are simply skipped
+            inferred = self.model
+        values = list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)
+        for value in values:
+            if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:
+                self.elem_types[value.name] = value.type.tensor_type.elem_type
+        for name, elem in hints.items():
+            self.elem_types.setdefault(name, elem)
+        for name, tensor in self.initializers.items():
+            self.elem_types[name] = tensor.data_type
+        for name, elem in self.elem_types.items():
+            try:
+                self.dtypes[name] = np.dtype(helper.tensor_dtype_to_np_dtype(elem))
+            except Exception:
+                pass
+
+    @property
+    def nodes(self):
+        return self.model.graph.node
+
+    def is_weight(self, name: str) -> bool:
+        return name in self.initializers
+
+    def initializer_array(self, name: str) -> np.ndarray:
+        if name in self.weights:
+            return self.weights[name]
+        return numpy_helper.to_array(self.initializers[name])
+
+
+def _is_big(tensor: onnx.TensorProto, min_bytes: int) -> bool:
+    """Big float weights leave the graph; integer tensors small enough to be shapes stay (RDP reads them)."""
+    nbytes = _tensor_nbytes(tensor)
+    if tensor.data_type in _INT_TYPES and nbytes <= 4096 * 8:
+        return False
+    return nbytes >= min_bytes
+
+
+_INT_TYPES = {onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16, onnx.TensorProto.INT8,
+              onnx.TensorProto.UINT8, onnx.TensorProto.BOOL}
+
+
+_DIRECT = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np.float64,
+           onnx.TensorProto.FLOAT16: np.float16, onnx.TensorProto.INT64: np.int64,
+           onnx.TensorProto.INT32: np.int32, onnx.TensorProto.INT16: np.int16, onnx.TensorProto.INT8: np.int8,
+           onnx.TensorProto.UINT8: np.uint8, onnx.TensorProto.UINT16: np.uint16,
+           onnx.TensorProto.UINT32: np.uint32, onnx.TensorProto.UINT64: np.uint64, onnx.TensorProto.BOOL: np.bool_}
+
+
+def weight_array(tensor: onnx.TensorProto) -> np.ndarray:
+    """The tensor's values with a single copy (``raw_data`` is viewed, not converted twice)."""
+    if tensor.HasField("raw_data") and tensor.data_type in _DIRECT:
+        dtype = np.dtype(_DIRECT[tensor.data_type]).newbyteorder("<")
+        return np.frombuffer(tensor.raw_data, dtype=dtype).reshape(tuple(tensor.dims))
+    return numpy_helper.to_array(tensor)
+
+
+def split_weights(model: onnx.ModelProto, min_bytes: int = 1024) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """(skeleton, weights): the graph with big initializers as placeholders, and their values once."""
+    weights = {t.name: weight_array(t) for t in model.graph.initializer
+               if t.data_location != onnx.TensorProto.EXTERNAL and _is_big(t, min_bytes)}
+    return strip_weights(model, min_bytes), weights
+
+
+def strip_weights(model: onnx.ModelProto, min_bytes: int = 1024) -> onnx.ModelProto:
+    """Copy of ``model`` whose big initializers keep name/type/dims but no data.
+
+    Why: sub-models, inference and specialised versions need the graph's structure, not its
+    weights; the weights live once, as numpy arrays handed to every session through
+    ``SessionOptions.add_initializer``.
+    """
+    out = onnx.ModelProto()
+    graph = model.graph
+    out.ir_version = model.ir_version
+    out.opset_import.extend(model.opset_import)
+    out.producer_name = model.producer_name
+    out.graph.name = graph.name
+    out.graph.node.extend(graph.node)
+    out.graph.input.extend(graph.input)
+    out.graph.output.extend(graph.output)
+    out.graph.value_info.extend(graph.value_info)
+    out.functions.extend(model.functions)
+    out.metadata_props.extend(model.metadata_props)
+    for tensor in graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            out.graph.initializer.append(tensor)
+        elif _is_big(tensor, min_bytes):
+            out.graph.initializer.append(weight_placeholder(tensor.name, tensor.data_type, list(tensor.dims),
+                                                            _tensor_nbytes(tensor)))
+        else:
+            out.graph.initializer.append(tensor)
+    return out
+
+
+SHARED_WEIGHTS_LOCATION = "dynnet-shared-weights"
+
+
+def weight_placeholder(name: str, data_type: int, dims: list[int], nbytes: int) -> onnx.TensorProto:
+    """An initializer marked as external data; sessions receive the real buffer through
+    ``SessionOptions.add_external_initializers`` (injected before graph optimisation, so
+    onnxruntime's Conv+BN and similar fusions still see the values — ``add_initializer`` is not)."""
+    tensor = onnx.TensorProto(name=name, data_type=data_type, dims=dims)
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", SHARED_WEIGHTS_LOCATION), ("offset", "0"), ("length", str(nbytes))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+    return tensor
+
+
+def _tensor_nbytes(tensor: onnx.TensorProto) -> int:
+    count = int(np.prod(tensor.dims)) if tensor.dims else 1
+    try:
+        return count * np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+    except Exception:
+        return 0
+
+
+def big_initializer_names(model: onnx.ModelProto, min_bytes: int = 1024) -> list[str]:
+    return [t.name for t in model.graph.initializer if _is_big(t, min_bytes)]

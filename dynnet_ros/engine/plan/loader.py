@@ -1,0 +1,190 @@
+"""Load a model file as a *weightless* graph whose big initializers point back into the file.
+
+Why: ``onnx.load`` materialises every weight in a Python protobuf (after reading the whole
+file into a bytes object first), and ``onnx.checker.check_model(path)`` loads it once more —
+for a 54 MB model the load alone peaks near 160 MB, more than onnxruntime's whole run. Here
+the file is memory-mapped and its protobuf wire format scanned; each big ``raw_data`` field
+becomes a standard ONNX *external data* reference (``location`` = the file itself, ``offset``
+= where the bytes are), so onnxruntime reads each weight straight from the file into its own
+buffer, exactly once, and no Python copy ever exists.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+
+import onnx
+
+from dynnet_ros.engine.model_io import load_model
+
+EXTERNAL_DIR_KEY = "dynnet_ros.external_data_dir"
+_MIN_BYTES = 1024
+_INT_TYPES = {onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16, onnx.TensorProto.INT8,
+              onnx.TensorProto.UINT8, onnx.TensorProto.BOOL}
+
+
+def _varint(buf, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _fields(buf, start: int, end: int):
+    """Yield (field number, wire type, field start, payload start, payload end) in buf[start:end]."""
+    pos = start
+    while pos < end:
+        field_start = pos
+        tag, pos = _varint(buf, pos)
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            _, after = _varint(buf, pos)
+            yield number, wire, field_start, pos, after
+            pos = after
+        elif wire == 1:
+            yield number, wire, field_start, pos, pos + 8
+            pos += 8
+        elif wire == 2:
+            length, pos = _varint(buf, pos)
+            yield number, wire, field_start, pos, pos + length
+            pos += length
+        elif wire == 5:
+            yield number, wire, field_start, pos, pos + 4
+            pos += 4
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire} at byte {field_start}")
+
+
+def _len_field(number: int, payload: bytes) -> bytes:
+    return _encode_varint(number << 3 | 2) + _encode_varint(len(payload)) + payload
+
+
+def _string_entry(key: str, value: str) -> bytes:
+    return _len_field(1, key.encode()) + _len_field(2, value.encode())
+
+
+def _tensor_without_data(buf, start: int, end: int, location: str) -> bytes:
+    """Re-encode one TensorProto with its big raw_data replaced by an external-data reference."""
+    kept = bytearray()
+    raw = None
+    data_type = 0
+    for number, wire, fstart, pstart, pend in _fields(buf, start, end):
+        if number == 9 and wire == 2:
+            raw = (pstart, pend)
+            continue
+        if number == 2 and wire == 0:
+            data_type, _ = _varint(buf, pstart)
+        kept += buf[fstart:pend]
+    if raw is None:
+        return bytes(buf[start:end])
+    length = raw[1] - raw[0]
+    if length < _MIN_BYTES or (data_type in _INT_TYPES and length <= 4096 * 8):
+        return bytes(buf[start:end])  # small tensors (and shape-like integers) stay embedded
+    for key, value in (("location", location), ("offset", str(raw[0])), ("length", str(length))):
+        kept += _len_field(13, _string_entry(key, value))
+    kept += _encode_varint(14 << 3 | 0) + _encode_varint(onnx.TensorProto.EXTERNAL)
+    return bytes(kept)
+
+
+def skeleton_bytes(path: str) -> bytes:
+    """The model file's bytes with big initializer payloads replaced by references into ``path``."""
+    location = os.path.basename(path)
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        out = bytearray()
+        for number, wire, fstart, pstart, pend in _fields(buf, 0, len(buf)):
+            if number != 7 or wire != 2:  # ModelProto.graph
+                out += buf[fstart:pend]
+                continue
+            graph = bytearray()
+            for gnum, gwire, gfstart, gpstart, gpend in _fields(buf, pstart, pend):
+                if gnum == 5 and gwire == 2:  # GraphProto.initializer
+                    graph += _len_field(5, _tensor_without_data(buf, gpstart, gpend, location))
+                else:
+                    graph += buf[gfstart:gpend]
+            out += _len_field(7, bytes(graph))
+        return bytes(out)
+
+
+def load_skeleton(path: str | os.PathLike) -> onnx.ModelProto:
+    """A checked, weightless ModelProto for ``path`` (ValueError on unreadable / invalid models)."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ValueError(f"model file not found: {path}")
+    try:
+        data = skeleton_bytes(path)
+        proto = onnx.ModelProto.FromString(data)
+    except Exception as exc:  # truncated / not a protobuf
+        raise ValueError(f"{path} is not a readable ONNX model: {exc}") from exc
+    entry = proto.metadata_props.add()
+    entry.key, entry.value = EXTERNAL_DIR_KEY, os.path.dirname(os.path.abspath(path))
+    load_model(_checkable(proto))  # the same checks (and messages) as a full load
+    return proto
+
+
+def _checkable(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """The checker resolves external data against the working directory; check a copy whose
+    referenced weights are declared as graph inputs instead (the references point into the file
+    that was just scanned, so they are valid by construction)."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    external = [t for t in copy.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    declared = {v.name for v in copy.graph.input}
+    for tensor in external:
+        copy.graph.initializer.remove(tensor)
+        if tensor.name not in declared:
+            copy.graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type,
+                                                                      list(tensor.dims)))
+    if copy.ir_version < 4:
+        copy.ir_version = 4
+    return copy
+
+
+def external_data_dir(model: onnx.ModelProto) -> str | None:
+    """Directory that the model's external-data locations are relative to, if it was loaded here."""
+    for entry in model.metadata_props:
+        if entry.key == EXTERNAL_DIR_KEY:
+            return entry.value
+    return None
+
+
+def read_external(tensor: onnx.TensorProto, base_dir: str | None):
+    """Values of an external-data initializer (a fresh array), or None if not readable here.
+
+    Used by simplification passes that need weight values (BatchNormalization folding); the
+    engine itself never reads weights — onnxruntime does.
+    """
+    import numpy as np
+    from onnx import helper
+
+    if tensor.data_location != onnx.TensorProto.EXTERNAL or base_dir is None:
+        return None
+    info = {e.key: e.value for e in tensor.external_data}
+    location = info.get("location", "")
+    path = os.path.join(base_dir, location)
+    if not location or os.path.isabs(location) or ".." in location.split(os.sep) or not os.path.isfile(path):
+        return None
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).newbyteorder("<")
+    count = 1
+    for d in tensor.dims:
+        count *= int(d)
+    offset = int(info.get("offset", 0))
+    array = np.fromfile(path, dtype=dtype, count=count, offset=offset)
+    if array.size != count:
+        return None
+    return array.reshape(tuple(tensor.dims)).astype(dtype.newbyteorder("="), copy=False)
