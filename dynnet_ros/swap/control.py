@@ -1,0 +1,315 @@
+"""The Engine's memory-budget policy: in memory while the budget allows, swapped blocks below.
+
+Kept out of engine.py so the facade only delegates (``Engine.set_memory_budget`` and friends):
+
+* ``None``  -> the backend's normal in-memory executor.
+* a budget at or above the in-memory footprint estimate -> stay in memory.
+* a smaller budget -> the SwappedExecutor with the look-up table's partition for it.
+* a budget below the model's minimum -> ValueError with the reason; nothing changes.
+
+In swap mode the Engine's ``proto`` is replaced by the store's weightless graph, because a
+ModelProto holding every weight would itself exceed the budget.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Callable
+
+import onnx
+
+from dynnet_ros.engine.memtrim import release_memory
+from dynnet_ros.swap import blocks
+from dynnet_ros.swap.delay_model import load_or_default
+from dynnet_ros.swap.executor import (ORT_BASE_BYTES, PER_ATOM_FLOOR_BYTES, RUNTIME_SLACK_BYTES, SwappedExecutor, atom_resident_bytes,
+                                     overhead_floor_bytes, use_huge_pages)
+from dynnet_ros.swap.scheduler import MB, AtomTable, LookupTable, MemoryModel, Scheduler
+from dynnet_ros.swap.store import Store, ensure_store
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dynnet_ros.engine.engine import Engine
+
+LOG = logging.getLogger(__name__)
+#: onnxruntime's per-process environment (~9.5 MB on x86-64, ORT 1.32), for the in-memory estimate.
+ESTIMATED_BASE_BYTES = 10 * MB
+#: Until the in-memory executor has run at an input size, its latency is predicted as this
+#: fraction of the all-resident swapped partition's prediction.  Why: the delay model prices
+#: both the same (no I/O), but one whole-graph session avoids per-atom session calls and
+#: activation re-faults; measured in-memory/swap@100 % mean latency was 0.70-0.94 over the zoo
+#: (docs/swap.md), so 0.9 is the conservative end.
+INMEMORY_LATENCY_PRIOR = 0.9
+#: A leaner store variant is used only where it lowers the minimum budget by at least this much.
+VARIANT_MIN_GAP_BYTES = MB
+
+
+def inmemory_estimate_bytes(weight_bytes: int, act_bytes: int) -> int:
+    """What the plain onnxruntime executor holds: the ModelProto's weights, the session's copy,
+    activations in its arena and the runtime itself."""
+    return 2 * weight_bytes + 2 * act_bytes + ESTIMATED_BASE_BYTES + 8 * MB
+
+
+class SwapControl:
+    #: keep the other store variant's executor warm (sessions only) when the budget has room
+    keep_warm = os.environ.get("DYNNET_SWAP_KEEP_WARM", "1") != "0"
+
+    def __init__(self, engine: "Engine", create_executor: Callable) -> None:
+        self.engine = engine
+        self._create_executor = create_executor
+        self.stores: dict[str, Store] = {}
+        self.swapped: SwappedExecutor | None = None
+        #: executors of the other store variant kept warm (sessions only, no weights resident), so
+        #: a budget crossing between variants is a table lookup instead of a rebuild
+        self.parked: dict[str, SwappedExecutor] = {}
+        self.rebuilt_reason: str | None = None
+        self._estimates: dict[tuple, LookupTable] = {}
+        self._inmemory: int | None = None
+        self._original_proto: onnx.ModelProto | None = None
+        #: measured in-memory latency (ms, smoothed) per input signature
+        self._inmemory_ms: dict = {}
+        self._inmemory_seen: set = set()
+        self._store_dir = os.environ.get("DYNNET_SWAP_STORE") or None
+
+    @property
+    def store(self) -> Store | None:
+        """The store of the active swapped executor (else the preferred one, if built)."""
+        if self.swapped is not None:
+            return self.swapped.store
+        return self.stores.get(self._levels()[0])
+
+    def _levels(self) -> list[str]:
+        """Store variants in order of preference: level-ALL atoms are fastest; "basic" atoms
+        allocate less activation memory (no blocked layouts), so they reach lower budgets."""
+        if self.engine.backend == "tensorrt":  # TensorRT parses the skeletons: ONNX-domain ops only
+            return ["basic"]
+        forced = os.environ.get("DYNNET_SWAP_OPTIMIZE")
+        return [forced] if forced else ["all", "basic"]
+
+    # ------------------------------------------------------------------ store / estimates
+    def _ensure_store(self, level: str | None = None) -> Store:
+        level = level or self._levels()[0]
+        if level not in self.stores:
+            source = self.engine.model_path or self.engine.proto
+            directory = self._store_dir
+            if directory and level != self._levels()[0]:
+                directory = f"{directory}-{level}"
+            self.stores[level], reason = ensure_store(source, directory, optimize=level)
+            release_memory()  # opening (checksums) or building a store leaves freed heap in RSS
+            if reason:
+                self.rebuilt_reason = reason
+                LOG.warning("swap store for %s rebuilt: %s", self.engine.model_path, reason)
+        return self.stores[level]
+
+    def _shapes(self) -> dict | None:
+        """The last input shapes the engine ran (the budget tables are per input size)."""
+        signature = getattr(self.engine, "_last_signature", None)
+        return None if signature is None else {name: tuple(shape) for name, shape in signature}
+
+    def _estimated_table(self, level: str | None = None) -> LookupTable:
+        level = level or self._levels()[0]
+        shapes = self._shapes()
+        key = (level, None if shapes is None else tuple(sorted(shapes.items())))
+        if key not in self._estimates:
+            store = self._ensure_store(level)
+            costs = store.reference_costs() if shapes is None else store.costs_at(shapes)
+            table = AtomTable(atom_resident_bytes(store, use_huge_pages(store)), tuple(e.atom.depth for e in store.atoms),
+                              costs.flops, costs.act_bytes)
+            overhead = overhead_floor_bytes(len(store.atoms)) + RUNTIME_SLACK_BYTES
+            self._estimates[key] = LookupTable(Scheduler(table, load_or_default(), MemoryModel(overhead)))
+        return self._estimates[key]
+
+    def _table(self, level: str) -> LookupTable:
+        """Measured table of the active executor for its level, else the estimate."""
+        if self.swapped is not None and self.swapped.store is self.stores.get(level):
+            return self.swapped._table(self._shapes() or self.swapped._shapes)[1]
+        if level in self.parked:
+            return self.parked[level]._table(self._shapes() or self.parked[level]._shapes)[1]
+        return self._estimated_table(level)
+
+    def _useful_levels(self) -> list[str]:
+        """The preferred variant, plus leaner ones only where they lower the minimum budget by at
+        least ``VARIANT_MIN_GAP_BYTES``: a crossing rebuilds or wakes an executor, which is not
+        worth a fraction of a MB (lane at 480x640: 0.03 MB apart)."""
+        levels = self._levels()
+        useful = levels[:1]
+        for level in levels[1:]:
+            if self._table(level).levels[0] <= self._table(useful[-1]).levels[0] - VARIANT_MIN_GAP_BYTES:
+                useful.append(level)
+        return useful
+
+    def _level_for(self, budget_bytes: int) -> str:
+        """The preferred store variant whose minimum the budget meets (ValueError if none)."""
+        levels = self._useful_levels()
+        for level in levels:
+            if budget_bytes >= self._table(level).levels[0]:
+                return level
+        lowest = min(levels, key=lambda lv: self._table(lv).levels[0])
+        raise ValueError(self._table(lowest).scheduler.below_minimum_message(budget_bytes))
+
+    def inmemory_bytes(self) -> int:
+        """Estimated in-memory footprint; computed from the graph alone (no store is built)."""
+        if self._inmemory is None:
+            if self.store is not None:
+                act = max(self.store.reference_costs().act_bytes)
+            else:
+                graph = self.engine.proto
+                shapes = blocks.reference_shapes(graph)
+                act = max(blocks.atom_costs(graph, blocks.split(graph, max_atoms=1, input_shapes=shapes),
+                                            shapes).act_bytes)
+            self._inmemory = inmemory_estimate_bytes(self.engine.weight_bytes, act)
+        return self._inmemory
+
+    # ------------------------------------------------------------------ policy
+    def apply(self, budget_mb: float | None, current):
+        """Return the executor for ``budget_mb`` (closing ``current`` if replaced).
+
+        Raises ValueError before anything changes when the budget cannot be met.
+        """
+        if budget_mb is None or budget_mb * MB >= self.inmemory_bytes():
+            self._close_parked()
+            if self.swapped is None:
+                if current is None:  # Engine built with a budget: first executor
+                    return self._create_executor(self.engine.backend, self.engine.proto, threads=self.engine.threads)
+                return current
+            proto = self._full_proto()
+            executor = self._create_executor(self.engine.backend, proto, threads=self.engine.threads)
+            self.swapped.close()
+            self.swapped = None
+            return executor
+        if self.engine.backend != "cpu":
+            raise ValueError(f"memory budgets below the in-memory footprint need block swapping, which this "
+                             f"version runs on the cpu backend only (backend is '{self.engine.backend}')")
+        level = self._level_for(int(budget_mb * MB))
+        store = self._ensure_store(level)
+        if self.swapped is not None and self.swapped.store is store:
+            self._set_budget(self.swapped, budget_mb, keep=self.parked)
+            return self.swapped
+        swapped = self.parked.pop(level, None)
+        built = swapped is None
+        if not built and self._shapes():
+            swapped._shapes = self._shapes()  # parked at an older input size: plan for the current one
+        if built:
+            swapped = SwappedExecutor(store, budget_mb=None, threads=self.engine.threads, shapes=self._shapes())
+        # the executor being replaced may stay warm next to the new one if the budget has room for it
+        previous = self.swapped if self.swapped is not None else current
+        keep = dict(self.parked)
+        if isinstance(previous, SwappedExecutor) and self.keep_warm:
+            keep[self._level_of(previous)] = previous
+        try:
+            kept = self._set_budget(swapped, budget_mb, keep=keep)
+        except ValueError:
+            if built:
+                swapped.close()
+            else:
+                self.parked[level] = swapped
+            raise
+        for lv, executor in keep.items():
+            if lv in kept:
+                executor.pipeline.release(sorted(executor.pipeline.resident_atoms()))  # sessions only
+            else:
+                executor.close()
+        self.parked = kept
+        if previous is not None and all(previous is not e for e in keep.values()):
+            previous.close()  # the in-memory executor, or a swapped one not kept warm
+        self.swapped = swapped
+        if not self.engine.model_path and self._original_proto is None:
+            # An in-memory ModelProto holds every weight, which the budget cannot afford twice: the
+            # engine keeps the weightless graph; the caller's proto is kept for a return to memory.
+            self._original_proto = self.engine.proto
+            self.engine.proto = store.graph()
+        return swapped
+
+    def _level_of(self, executor: SwappedExecutor) -> str:
+        return next(lv for lv, st in self.stores.items() if st is executor.store)
+
+    @staticmethod
+    def _warm_cost_bytes(executor: SwappedExecutor) -> int:
+        """What a parked executor holds: its sessions and skeletons (weights released).  The
+        process-wide onnxruntime environment, part of the first executor's measured overhead,
+        stays whether or not the executor is kept, so it is not charged here."""
+        return max(executor.measured_overhead_bytes - ORT_BASE_BYTES, PER_ATOM_FLOOR_BYTES * len(executor.atoms))
+
+    def _set_budget(self, executor: SwappedExecutor, budget_mb: float,
+                    keep: dict[str, SwappedExecutor]) -> dict[str, SwappedExecutor]:
+        """Apply ``budget_mb`` to ``executor`` minus what the warm executors in ``keep`` hold.
+
+        Returns the warm executors that still fit; the others are left for the caller (or, for
+        an in-place change, closed here).  Raises ValueError if even alone it cannot fit.
+        """
+        kept = dict(keep)
+        while True:
+            reserve = sum(self._warm_cost_bytes(e) for e in kept.values()) / MB
+            try:
+                executor.set_budget(budget_mb - reserve)
+                break
+            except ValueError:
+                if not kept:
+                    raise
+                kept.popitem()  # no room to keep the sibling warm at this budget
+        if keep is self.parked:  # in-place change: close what no longer fits
+            for lv in [lv for lv in self.parked if lv not in kept]:
+                self.parked.pop(lv).close()
+        return kept
+
+    def _close_parked(self) -> None:
+        for executor in self.parked.values():
+            executor.close()
+        self.parked = {}
+
+    def _full_proto(self) -> onnx.ModelProto:
+        from dynnet_ros.engine.model_io import load_model
+
+        if self.engine.model_path and os.path.isfile(self.engine.model_path):
+            try:
+                from dynnet_ros.engine.backends import load_for_backend
+            except ImportError:  # older registry: the full model
+                return load_model(self.engine.model_path)
+            return load_for_backend(self.engine.backend, self.engine.model_path)
+        proto, self._original_proto = self._original_proto, None
+        self.engine.proto = proto
+        return proto
+
+    # ------------------------------------------------------------------ reporting
+    def min_budget_mb(self) -> float:
+        return min(self._table(level).levels[0] for level in self._useful_levels()) / MB
+
+    def observe_run(self, latency_ms: float) -> None:
+        """Record a frame's latency; in-memory frames calibrate the table's in-memory level."""
+        if self.swapped is not None:
+            return
+        key = getattr(self.engine, "_last_signature", None)
+        if key not in self._inmemory_seen:  # the first run at a size pays one-off set-up: not a sample
+            self._inmemory_seen.add(key)
+            return
+        old = self._inmemory_ms.get(key)
+        self._inmemory_ms[key] = latency_ms if old is None else 0.8 * old + 0.2 * latency_ms
+
+    def latency_table(self) -> list[tuple[float, float]]:
+        """Budget levels of the fastest variant, extended below its minimum by the leaner one,
+        and topped by the in-memory level (its footprint estimate; measured latency once it ran,
+        else ``INMEMORY_LATENCY_PRIOR`` x the all-resident swapped prediction)."""
+        levels = self._useful_levels()
+        tables = [self._table(level) for level in levels]
+        rows = list(tables[0].latency_table())
+        for table in tables[1:]:
+            floor = rows[0][0] if rows else float("inf")
+            rows = [row for row in table.latency_table() if row[0] < floor] + rows
+        inmemory_mb = self.inmemory_bytes() / MB
+        measured = self._inmemory_ms.get(getattr(self.engine, "_last_signature", None))
+        top_ms = rows[-1][1] if rows else measured
+        inmemory_ms = measured if measured is not None else INMEMORY_LATENCY_PRIOR * top_ms
+        rows = [row for row in rows if row[0] < inmemory_mb]
+        rows.append((inmemory_mb, inmemory_ms))
+        return rows
+
+    def stats(self) -> dict:
+        if self.swapped is None:
+            return {"swap": None}
+        info = {**self.swapped.stats(), "warm_variants": sorted(self.parked),
+                "warm_bytes": sum(self._warm_cost_bytes(e) for e in self.parked.values())}
+        return {"blocks": info["blocks"], "resident_weight_bytes": info["resident_weight_bytes"], "swap": info}
+
+    def close(self) -> None:
+        self._close_parked()
+        if self.swapped is not None:
+            self.swapped.close()
+            self.swapped = None

@@ -1,0 +1,115 @@
+"""Direct-I/O swap-in and its fallback, swap-out without write-back, CUDA arena decisions."""
+from __future__ import annotations
+
+import errno
+import os
+
+import numpy as np
+import pytest
+
+from dynnet_ros.swap.swapin import (ALIGN, ArenaKind, CudaInfo, HostArena, IoMode, WeightReader, decide_arena_kind,
+                                    decide_io_mode, probe_cuda)
+
+
+@pytest.fixture()
+def weight_file(tmp_path):
+    data = np.random.default_rng(0).integers(0, 255, 8 * ALIGN, dtype=np.uint8)
+    path = tmp_path / "weights.bin"
+    data.tofile(path)
+    return path, data
+
+
+def test_io_mode_decision_table():
+    assert decide_io_mode(prefer_direct=True, direct_open_ok=True, direct_read_ok=True) is IoMode.DIRECT
+    assert decide_io_mode(prefer_direct=True, direct_open_ok=False, direct_read_ok=False) is IoMode.BUFFERED
+    assert decide_io_mode(prefer_direct=True, direct_open_ok=True, direct_read_ok=False) is IoMode.BUFFERED
+    assert decide_io_mode(prefer_direct=False, direct_open_ok=True, direct_read_ok=True) is IoMode.BUFFERED
+
+
+def test_direct_read_into_arena(weight_file):
+    path, data = weight_file
+    reader = WeightReader(path)
+    arena = HostArena(len(data))
+    try:
+        assert reader.read_into(arena.view(ALIGN, 4 * ALIGN), ALIGN) == 4 * ALIGN
+        np.testing.assert_array_equal(arena.array[ALIGN:5 * ALIGN], data[ALIGN:5 * ALIGN])
+        if reader.mode is IoMode.BUFFERED:  # e.g. a filesystem without O_DIRECT: the reason says so
+            assert reader.reason != "ok"
+    finally:
+        reader.close()
+        arena.close()
+
+
+def test_fallback_when_open_with_o_direct_fails(weight_file):
+    path, data = weight_file
+
+    def opener(name, flags):
+        if flags & getattr(os, "O_DIRECT", 0):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return os.open(name, flags)
+
+    reader = WeightReader(path, opener=opener)
+    arena = HostArena(len(data))
+    try:
+        assert reader.mode is IoMode.BUFFERED and "O_DIRECT" in reader.reason
+        reader.read_into(arena.view(0, len(data)), 0)
+        np.testing.assert_array_equal(arena.array[:len(data)], data)
+    finally:
+        reader.close()
+        arena.close()
+
+
+def test_fallback_when_direct_read_fails_later(weight_file, monkeypatch):
+    path, data = weight_file
+    reader = WeightReader(path)
+    if reader.mode is not IoMode.DIRECT:
+        pytest.skip(f"direct I/O unavailable on this filesystem: {reader.reason}")
+    real = os.preadv
+    direct_fd = reader._direct_fd
+
+    def flaky(fd, buffers, offset):
+        if fd == direct_fd:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", flaky)
+    arena = HostArena(len(data))
+    try:
+        reader.read_into(arena.view(0, len(data)), 0)
+        assert reader.mode is IoMode.BUFFERED
+        np.testing.assert_array_equal(arena.array[:len(data)], data)
+    finally:
+        reader.close()
+        arena.close()
+
+
+def test_release_drops_pages_without_write_back(weight_file):
+    path, data = weight_file
+    arena = HostArena(len(data))
+    reader = WeightReader(path)
+    try:
+        reader.read_into(arena.view(0, len(data)), 0)
+        arena.release(0, 2 * ALIGN)
+        assert not arena.array[:2 * ALIGN].any()                       # dropped: zero-filled on touch
+        np.testing.assert_array_equal(arena.array[2 * ALIGN:len(data)], data[2 * ALIGN:])
+        assert np.fromfile(path, dtype=np.uint8).tobytes() == data.tobytes()   # file untouched
+    finally:
+        reader.close()
+        arena.close()
+
+
+@pytest.mark.parametrize("backend,info,expected", [
+    ("cpu", CudaInfo(True, True, True, "pycuda"), ArenaKind.HOST),
+    ("tensorrt", CudaInfo(False, reason="no driver"), ArenaKind.HOST),
+    ("tensorrt", CudaInfo(True, integrated=True, can_map_host=True), ArenaKind.CUDA_MAPPED),
+    ("tensorrt", CudaInfo(True, integrated=True, can_map_host=False), ArenaKind.CUDA_PINNED),
+    ("tensorrt", CudaInfo(True, integrated=False, can_map_host=True), ArenaKind.CUDA_PINNED),
+])
+def test_arena_kind_decision(backend, info, expected):
+    assert decide_arena_kind(backend, info) is expected
+
+
+def test_probe_cuda_reports_a_reason_when_unavailable():
+    info = probe_cuda()
+    if not info.available:
+        assert info.reason
