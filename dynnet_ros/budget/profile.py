@@ -1,0 +1,99 @@
+"""What a model node tells the budget manager about its engine (no ROS; the node publishes it).
+
+Engines that swap blocks expose ``min_budget_mb()`` and ``latency_table()``; an engine that can
+only run the whole model in memory has neither, and is then reported honestly as a single
+point: it needs what it holds now, and is as fast as it last ran.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+from dynnet_ros.budget.protocol import ModelProfile
+
+NO_SWAP_QUANTUM_MB = 8.0
+
+
+def _number(value: Any) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) and out >= 0 else None
+
+
+def engine_profile(node: str, engine: Any, *, rss_mb: float | None, held_mb: float | None,
+                   budget_mb: float | None, fallback_ms: float | None = None,
+                   anon_held_mb: float | None = None) -> ModelProfile:
+    """Profile of ``engine`` as seen from its node.
+
+    ``held_mb`` is the node's RSS growth since before the model loaded (what a budget bounds),
+    ``anon_held_mb`` its anonymous part; ``budget_mb`` is the budget in force (None = unlimited).
+    """
+    table: list[tuple[float, float]] = []
+    min_mb = None
+    latency_table = getattr(engine, "latency_table", None)
+    if callable(latency_table):
+        for point in latency_table() or ():
+            mb, ms = (_number(v) for v in point)
+            if mb is not None and ms is not None:
+                table.append((mb, ms))
+    min_budget = getattr(engine, "min_budget_mb", None)
+    if callable(min_budget):
+        min_mb = _number(min_budget())
+    if table:
+        full_mb = max(mb for mb, _ in table)
+        if min_mb is None:
+            min_mb = min(mb for mb, _ in table)
+    else:
+        # no swapping: the model needs its whole footprint, at the latency it last ran; rounded
+        # up to NO_SWAP_QUANTUM_MB so allocator noise does not chase every page of RSS drift
+        need = None if held_mb is None else math.ceil(held_mb / NO_SWAP_QUANTUM_MB) * NO_SWAP_QUANTUM_MB
+        full_mb = need
+        if min_mb is None:
+            min_mb = need
+        if need is not None and fallback_ms is not None:
+            table.append((need, fallback_ms))
+    if min_mb is not None and full_mb is not None and full_mb < min_mb:
+        full_mb = min_mb
+    return ModelProfile(node=node, min_mb=min_mb, full_mb=full_mb, table=tuple(sorted(table)),
+                        rss_mb=rss_mb, held_mb=held_mb, budget_mb=budget_mb, anon_held_mb=anon_held_mb)
+
+
+class ProfileHold:
+    """Hold a node's budget bounds at the most demanding input size seen in the last ``window_s``.
+
+    Why: an engine's table, minimum and full footprint are per input size, and a camera that
+    cycles resolutions (the sensor simulator does, every few seconds) moved them every cycle.
+    The manager then saw the node's budget fall outside its bounds and re-pushed a budget on
+    almost every evaluation. A budget must fit the largest frame the camera currently sends
+    anyway, so the published bounds and table are those of the profile with the largest minimum
+    in the window (ties: the largest full footprint); the memory readings stay current.
+    Bounds are also rounded up to ``quantum_mb`` so sub-MB estimate noise is not a change.
+    """
+
+    def __init__(self, window_s: float = 30.0, quantum_mb: float = 0.5) -> None:
+        if not (math.isfinite(window_s) and window_s >= 0):
+            raise ValueError(f"window_s must be a finite number >= 0, got {window_s!r}")
+        if not (math.isfinite(quantum_mb) and quantum_mb > 0):
+            raise ValueError(f"quantum_mb must be a finite number > 0, got {quantum_mb!r}")
+        self.window_s, self.quantum_mb = window_s, quantum_mb
+        self._seen: list[tuple[float, ModelProfile]] = []
+
+    def _round_up(self, value: float | None) -> float | None:
+        return None if value is None else math.ceil(value / self.quantum_mb - 1e-9) * self.quantum_mb
+
+    def update(self, profile: ModelProfile, now_s: float) -> ModelProfile:
+        """Record ``profile`` (the engine's view now) and return the one to publish."""
+        self._seen = [(t, p) for t, p in self._seen if now_s - t <= self.window_s]
+        self._seen.append((now_s, profile))
+        worst = max((p for _, p in self._seen),
+                    key=lambda p: (p.min_mb if p.min_mb is not None else -1.0,
+                                   p.full_mb if p.full_mb is not None else -1.0))
+        return replace(profile, min_mb=self._round_up(worst.min_mb), full_mb=self._round_up(worst.full_mb),
+                       table=worst.table)
+
+    def reset(self) -> None:
+        """Forget what was seen (a new model: the old sizes say nothing about it)."""
+        self._seen = []

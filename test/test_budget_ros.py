@@ -1,0 +1,395 @@
+"""Budget manager end to end: real processes, real rclpy, a real memory hog.
+
+`dynnet up` starts the vehicle graph (simulator, lane / pedestrian / depth nodes, budget
+manager) from a test config with fast re-evaluation. A child process of this test then
+allocates and touches memory in steps: the manager's pool (available + held − reserve) must
+shrink, the model nodes' `memory_budget_mb` must follow through their parameter services and
+the nodes must keep publishing; when the hog frees its memory the budgets rise again. Right
+before the hog starts, the test caps the pool just above what the models need
+(`total_budget_mb`) and puts the memory-derived pool 512 MB above that cap (`reserve_mb`), both
+through the manager's parameter service: other processes on this shared machine then cannot
+move the budgets, and the hog grows from the manager's own reports until the pool moves.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import rclpy
+import yaml
+from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.parameter import Parameter
+from rclpy.parameter_client import AsyncParameterClient
+from sensor_msgs.msg import Image
+from std_msgs.msg import String
+from visualization_msgs.msg import MarkerArray
+
+from dynnet_ros.budget.protocol import BUDGETS_TOPIC, PROFILES_TOPIC
+from dynnet_ros.graph_config import default_config_path
+
+REPO = Path(__file__).resolve().parents[1]
+# Own namespace as well as own ROS_DOMAIN_ID: another graph on this machine that happens to share
+# the domain (a concurrent test run) can neither answer our calls nor feed our subscribers.
+NS = f"/budgettest_{os.getpid()}"
+MODEL_NODES = tuple(f"{NS}/{n}" for n in ("lane_node", "pedestrian_node", "depth_node"))
+DEPTH, PEDESTRIAN, MANAGER = f"{NS}/depth_node", f"{NS}/pedestrian_node", f"{NS}/budget_manager"
+OUTPUTS = {"/lane/mask": Image, "/pedestrian/markers": MarkerArray, "/depth/image": Image}
+MIB = 1024 * 1024
+HYST_MB = 2.5      # the test config's hysteresis (2 MB / 2 %) plus rounding
+HOG_CAP_MB = 3072  # never hog more than this on a shared machine
+
+pytestmark = pytest.mark.timeout(300)  # a hung graph must not hang the whole suite
+
+HOG = textwrap.dedent("""
+    import sys, numpy as np
+    blocks = []
+    for line in sys.stdin:
+        cmd, _, arg = line.strip().partition(" ")
+        if cmd == "alloc":                          # arg MB, every page written
+            blocks.append(np.ones(int(arg) * 1024 * 1024 // 8))
+        elif cmd == "free":
+            blocks.clear()
+        print("ok", sum(b.nbytes for b in blocks) // (1024 * 1024), flush=True)
+""")
+
+
+def _graph_config(tmp_path: Path) -> Path:
+    data = yaml.safe_load(default_config_path().read_text())
+    for node in data["nodes"]:
+        p = node.setdefault("parameters", {})
+        if node["name"] == "sensor_sim":
+            p.update(rate_hz=3.0, resolutions=["320x240"])  # one size: stable budget tables
+        elif node["name"] == "budget_manager":
+            # start roomy; the test moves the pool with reserve_mb before the hog runs
+            p.update(reserve_mb=max(0.0, psutil.virtual_memory().available / MIB - 4000.0), total_budget_mb=0.0,
+                     rate_hz=4.0, monitor_hz=10.0, pressure_drop_mb=32.0, hysteresis_mb=2.0,
+                     hysteresis_frac=0.02, min_interval_s=0.5, profile_timeout_s=6.0)
+        elif node["name"] in ("lane_node", "pedestrian_node", "depth_node"):
+            p.update(threads=1, memory_budget_mb=0.0)
+    path = tmp_path / "vehicle_budget_test.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+class Probe:
+    """The test's own node: collects budget reports, profiles, diagnostics and output counts."""
+
+    def __init__(self) -> None:
+        self.node = rclpy.create_node("budget_test_probe")
+        self.reports: list[dict] = []
+        self.profiles: dict[str, dict] = {}
+        self.diags: dict[str, dict] = {}
+        self.counts = {topic: 0 for topic in OUTPUTS}
+        self.node.create_subscription(String, f"{NS}/{BUDGETS_TOPIC}",
+                                      lambda m: self.reports.append(json.loads(m.data)), 50)
+        self.node.create_subscription(String, f"{NS}/{PROFILES_TOPIC}", self._on_profile, 50)
+        self.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 50)
+        for topic, kind in OUTPUTS.items():
+            self.node.create_subscription(kind, NS + topic, lambda _m, t=topic: self._count(t),
+                                          rclpy.qos.qos_profile_sensor_data)
+
+    def _count(self, topic: str) -> None:
+        self.counts[topic] += 1
+
+    def _on_profile(self, msg: String) -> None:
+        data = json.loads(msg.data)
+        self.profiles[data["node"]] = data
+
+    def _on_diag(self, msg: DiagnosticArray) -> None:
+        for status in msg.status:
+            if not status.hardware_id.startswith(NS + "/"):  # /diagnostics is global: another graph's
+                continue
+            self.diags[status.name] = {"level": status.level[0] if isinstance(status.level, bytes)
+                                       else int(status.level), "message": status.message,
+                                       "values": {kv.key: kv.value for kv in status.values}}
+
+    def spin_until(self, predicate, timeout: float, what: str, fail: bool = True):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rclpy.spin_once(self.node, timeout_sec=0.05)
+            result = predicate()
+            if result:
+                return result
+        if not fail:
+            return None
+        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; "
+                             f"last report: {self.reports[-1] if self.reports else None}")
+
+    def spin_until_stable(self, value, hold_s: float, timeout: float, what: str):
+        """Wait until ``value()`` is truthy and unchanged for ``hold_s`` seconds."""
+        deadline = time.monotonic() + timeout
+        current, since = None, time.monotonic()
+        while time.monotonic() < deadline:
+            rclpy.spin_once(self.node, timeout_sec=0.1)
+            now_value = value()
+            if not now_value or now_value != current:
+                current, since = now_value, time.monotonic()
+            elif time.monotonic() - since >= hold_s:
+                return current
+        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; "
+                             f"last report: {self.reports[-1] if self.reports else None}")
+
+    def spin_for(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            rclpy.spin_once(self.node, timeout_sec=0.1)
+
+    def call(self, future, timeout: float = 10.0):
+        return self.spin_until(lambda: future.done() and future, timeout, "a service reply").result()
+
+    def node_status(self, node: str) -> dict:
+        """Latest /diagnostics status of ``node`` (fully qualified), e.g. ``lane_node: lane model``."""
+        return next(v for k, v in self.diags.items() if k.startswith(node.rsplit("/", 1)[-1] + ":"))
+
+    def engines_at(self, budgets: dict[str, float], timeout: float = 10.0) -> dict[str, int]:
+        """Swap block count of each model's engine once its /diagnostics show ``budgets`` in force."""
+        def ready():
+            out = {}
+            for n in MODEL_NODES:
+                values = self.node_status(n)["values"]
+                if float(values["engine.memory_budget_mb"] or "nan") != pytest.approx(budgets[n], abs=1e-3):
+                    return None
+                out[n] = int(values["engine.blocks"])
+            return out
+        return self.spin_until(ready, timeout, f"engines running at {budgets}")
+
+    def last(self) -> dict:
+        return self.reports[-1]
+
+    def acked(self) -> dict[str, float]:
+        """Budgets in force per model node (acknowledged by each node's parameter service)."""
+        nodes = self.last()["nodes"]
+        return {n: nodes[n]["budget_mb"] for n in MODEL_NODES if n in nodes}
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("budget_ros")
+    log = open(tmp / "graph.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "dynnet_ros.cli", "up", "--config", str(_graph_config(tmp)),
+                             "--namespace", NS],
+                            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    rclpy.init()
+    probe = Probe()
+    try:
+        yield proc, probe, tmp / "graph.log"
+    finally:
+        probe.node.destroy_node()
+        rclpy.shutdown()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        log.close()
+
+
+@pytest.fixture
+def hog():
+    proc = subprocess.Popen([sys.executable, "-c", HOG], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def command(line: str) -> int:
+        proc.stdin.write(line + "\n")
+        proc.stdin.flush()
+        return int(proc.stdout.readline().split()[1])
+
+    try:
+        yield command
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+
+
+def _all_profiled(probe: Probe):
+    if not probe.reports:
+        return None
+    nodes = probe.last()["nodes"]
+    return all(n in nodes and nodes[n]["budget_mb"] is not None for n in MODEL_NODES) and nodes
+
+
+def _graph_alive(proc, log: Path) -> None:
+    assert proc.poll() is None, f"dynnet up exited ({proc.returncode}):\n{log.read_text()[-4000:]}"
+
+
+def _derived_pool(r: dict) -> float:
+    """The manager's pool before the total_budget_mb cap (available + held − reserve)."""
+    return r["available_mb"] + r["held_mb"] - r["reserve_mb"]
+
+
+def test_budgets_follow_memory_pressure(graph, hog):
+    proc, probe, log = graph
+    nodes = probe.spin_until(lambda: _all_profiled(probe), 90, "budgets for all three model nodes")
+    _graph_alive(proc, log)
+    sum_min = sum(nodes[n]["min_mb"] for n in MODEL_NODES)
+    sum_max = sum(nodes[n]["max_mb"] for n in MODEL_NODES)
+    assert sum_max > sum_min + 8, f"models report no room to swap (min {sum_min:.0f}, max {sum_max:.0f} MB)"
+
+    # Cap the pool just above what all models need in memory, and put the memory-derived pool
+    # 512 MB above the cap: other processes' memory noise then does not move the budgets.
+    manager = AsyncParameterClient(probe.node, MANAGER)
+    assert manager.wait_for_services(10.0)
+    r = probe.last()
+    cap = sum_max + 64.0
+    reserve = r["available_mb"] + r["held_mb"] - (cap + 512.0)
+    result = probe.call(manager.set_parameters([Parameter("reserve_mb", Parameter.Type.DOUBLE, reserve),
+                                                Parameter("total_budget_mb", Parameter.Type.DOUBLE, cap)]))
+    assert all(x.successful for x in result.results), [x.reason for x in result.results]
+    # (the engines' tables settle after their first frames: wait until the budgets hold still)
+    full = lambda: (not probe.last()["pressure"]  # noqa: E731
+                    and all(probe.acked()[n] == pytest.approx(probe.last()["nodes"][n]["max_mb"], abs=HYST_MB)
+                            for n in MODEL_NODES) and tuple(probe.acked().values()))
+    probe.spin_until_stable(full, 3.0, 45, "every model at a steady full budget")
+    before = probe.acked()
+    sum_min = sum(probe.last()["nodes"][n]["min_mb"] for n in MODEL_NODES)
+    sum_max = sum(probe.last()["nodes"][n]["max_mb"] for n in MODEL_NODES)
+    blocks_full = probe.engines_at(before)
+    counts0 = dict(probe.counts)
+
+    def squeeze(target_pool: float, done, what: str) -> int:
+        """Grow the hog until ``done()``, aiming the manager's pool at ``target_pool`` MB.
+
+        Other processes on the machine move available memory too, so the hog tops up from the
+        manager's latest report instead of trusting one precomputed size.
+        """
+        deadline = time.monotonic() + 45
+        held = hog("alloc 0")
+        last_step = time.monotonic()
+        while not done():
+            assert time.monotonic() < deadline, f"no {what} with a {held} MB hog; last report {probe.last()}"
+            step = int(min(max(16.0, _derived_pool(probe.last()) - target_pool), HOG_CAP_MB - held))
+            assert step > 0, f"no {what} with a {held} MB hog (cap); last report {probe.last()}"
+            held = hog(f"alloc {step}")
+            last_step = time.monotonic()
+            # /proc/meminfo counters settle within ~1 s (per-CPU vmstat folding): wait before topping up
+            probe.spin_until(done, 2.0, what, fail=False)
+        timings[what] = (held, time.monotonic() - last_step)
+        return held
+
+    timings: dict[str, tuple[int, float]] = {}
+
+    # Step 1: the hog grows until the pool sits between the sums of minimums and maximums.
+    squeeze((sum_min + sum_max) / 2, lambda: probe.last()["pressure"]
+            and sum(probe.acked().values()) < sum(before.values()) - 4, "budget shrink")
+    shrunk = probe.acked()
+    report = probe.last()
+    assert report["total_mb"] < cap
+    for n in MODEL_NODES:
+        assert report["nodes"][n]["min_mb"] - 0.5 <= shrunk[n] <= before[n] + 0.5
+    probe.spin_for(4.0)  # the nodes keep serving at the new budgets
+    counts1 = dict(probe.counts)
+    _graph_alive(proc, log)
+
+    # Step 2: the pool falls below the sum of minimums: every model at its minimum, ERROR diagnostic.
+    squeeze(sum_min - 256, lambda: probe.last()["infeasible"], "infeasible pool")
+    probe.spin_until(lambda: probe.last()["infeasible"]
+                     and all(probe.acked()[n] == pytest.approx(probe.last()["nodes"][n]["min_mb"], abs=0.5)
+                             for n in MODEL_NODES), 30, "every model at its minimum")
+    at_min = probe.acked()
+    blocks_min = probe.engines_at(at_min)
+    probe.spin_until(lambda: any(k.startswith("budget_manager: allocation") and v["level"] == 2
+                                 for k, v in probe.diags.items()), 10, "an ERROR allocation diagnostic")
+    probe.spin_for(4.0)
+    counts2 = dict(probe.counts)
+    _graph_alive(proc, log)
+
+    # The hog frees its memory: budgets rise back to full.
+    assert hog("free") == 0
+    freed = time.monotonic()
+    probe.spin_until(lambda: not probe.last()["pressure"]
+                     and all(probe.acked()[n] == pytest.approx(before[n], abs=2 * HYST_MB)
+                             for n in MODEL_NODES), 30, "budgets to rise again after the hog freed")
+    timings["recovery"] = (0, time.monotonic() - freed)
+    print(f"\nbudget test: min {sum_min:.1f} MB, max {sum_max:.1f} MB in total; full {before}; "
+          f"under pressure {shrunk}; at minimum {at_min}; blocks at full {blocks_full}, at minimum {blocks_min}; "
+          f"hog MB and seconds from its last step to the budgets acknowledged: {timings}")
+    probe.spin_for(3.0)
+    _graph_alive(proc, log)
+
+    # The engines really repartitioned: more, smaller blocks at the minimum than at full budget.
+    for n in MODEL_NODES:
+        assert blocks_min[n] >= 2 and blocks_min[n] > blocks_full[n], (n, blocks_min, blocks_full)
+    # Every allocation the manager published fit its pool and each node's bounds.
+    for r in probe.reports:
+        targets = {n: v["target_mb"] for n, v in r["nodes"].items()}
+        if not r["infeasible"]:
+            assert sum(targets.values()) <= r["total_mb"] + 0.01, r
+        for n, v in r["nodes"].items():
+            assert v["min_mb"] - 0.01 <= targets[n] <= (v["max_mb"] or float("inf")) + 0.01, r
+    # Every output kept publishing in every phase.
+    for topic in OUTPUTS:
+        assert counts1[topic] > counts0[topic], f"{topic} stopped under the first hog step"
+        assert counts2[topic] > counts1[topic], f"{topic} stopped with every model at its minimum"
+        assert probe.counts[topic] > counts2[topic], f"{topic} stopped after the hog freed"
+    # Frame drops stay bounded: newest-frame-wins, never a backlog that loses most frames.
+    for n in MODEL_NODES:
+        status = probe.node_status(n)
+        received = float(status["values"]["frames_received"])
+        dropped = float(status["values"]["frames_dropped"])
+        assert received > 0 and dropped <= 0.5 * received, f"{n}: {dropped:.0f} of {received:.0f} frames dropped"
+    # The nodes report the budget in force in their profiles.
+    probe.spin_until(lambda: all(probe.profiles[n]["budget_mb"] == pytest.approx(probe.acked()[n], abs=1e-3)
+                                 for n in MODEL_NODES), 5, "profiles to report the budgets in force")
+
+
+def test_impossible_budget_is_rejected_with_reason(graph):
+    proc, probe, log = graph
+    nodes = probe.spin_until(lambda: _all_profiled(probe), 90, "budgets for all three model nodes")
+    depth = AsyncParameterClient(probe.node, DEPTH)
+    assert depth.wait_for_services(10.0)
+    impossible = max(0.5, nodes[DEPTH]["min_mb"] / 4)
+    result = probe.call(depth.set_parameters([Parameter("memory_budget_mb", Parameter.Type.DOUBLE, impossible)]))
+    assert not result.results[0].successful
+    assert result.results[0].reason, "rejection carries no reason"
+    # the node keeps its previous budget and keeps publishing
+    got = probe.call(depth.get_parameters(["memory_budget_mb"]))
+    assert got.values[0].double_value != pytest.approx(impossible)
+    start = probe.counts["/depth/image"]
+    probe.spin_until(lambda: probe.counts["/depth/image"] > start, 20, "depth output after the rejection")
+
+    # The manager's own settings are validated too.
+    manager = AsyncParameterClient(probe.node, MANAGER)
+    assert manager.wait_for_services(10.0)
+    bad = probe.call(manager.set_parameters([Parameter("node_priorities", Parameter.Type.DOUBLE_ARRAY, [1.0])]))
+    assert not bad.results[0].successful and "node_priorities" in bad.results[0].reason
+    # the node list and its per-node arrays change together in one atomic call
+    good = probe.call(manager.set_parameters_atomically([
+        Parameter("node_names", Parameter.Type.STRING_ARRAY, ["depth_node", "lane_node"]),
+        Parameter("node_priorities", Parameter.Type.DOUBLE_ARRAY, [5.0, 1.0]),
+        Parameter("node_min_mb", Parameter.Type.DOUBLE_ARRAY, [0.0, 0.0]),
+        Parameter("node_max_mb", Parameter.Type.DOUBLE_ARRAY, [0.0, 0.0])]))
+    assert good.result.successful, good.result.reason
+    probe.spin_until(lambda: probe.last()["nodes"][DEPTH]["priority"] == 5.0
+                     and probe.last()["nodes"][PEDESTRIAN]["priority"] == 1.0, 10,
+                     "the new priorities in the budget report")
+    _graph_alive(proc, log)
+
+
+def test_manager_parameters_map_to_config():
+    from dynnet_ros.nodes.budget_control import MANAGER_SPECS, config_from_params
+
+    params = {s.name: s.default for s in MANAGER_SPECS}
+    params.update(node_names=["lane_node", "depth_node"], node_priorities=[2.0, 1.0],
+                  node_min_mb=[10.0, 0.0], node_max_mb=[0.0, 300.0], reserve_mb=512.0)
+    cfg = config_from_params(params)
+    assert [(n.name, n.priority, n.min_mb, n.max_mb) for n in cfg.nodes] == \
+        [("/lane_node", 2.0, 10.0, float("inf")), ("/depth_node", 1.0, 0.0, 300.0)]
+    assert cfg.pool.reserve_mb == 512.0
+    with pytest.raises(ValueError, match="node_min_mb has 1 entries"):
+        config_from_params({**params, "node_min_mb": [1.0]})
+    with pytest.raises(ValueError, match="priority"):
+        config_from_params({**params, "node_priorities": [0.0, 1.0]})
+    with pytest.raises(ValueError, match="max_mb"):
+        config_from_params({**params, "node_min_mb": [10.0, 400.0]})
+    cfg = config_from_params(params, "/robot1")
+    assert [n.name for n in cfg.nodes] == ["/robot1/lane_node", "/robot1/depth_node"]
