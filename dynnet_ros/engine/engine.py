@@ -12,9 +12,9 @@ from typing import Mapping
 import numpy as np
 import onnxruntime as ort
 
-from dynnet_ros.engine.backends import create_executor
+from dynnet_ros.engine.backends import create_executor, load_for_backend
 from dynnet_ros.engine.feeds import shape_signature, validate_feeds
-from dynnet_ros.engine.model_io import InputSpec, ModelLike, input_specs, load_model, output_names, weight_bytes
+from dynnet_ros.engine.model_io import InputSpec, ModelLike, input_specs, output_names, weight_bytes
 
 
 def validate_budget_mb(mb: float | int | None) -> float | None:
@@ -36,19 +36,23 @@ class Engine:
                  memory_budget_mb: float | None = None) -> None:
         self.model_path = None if not isinstance(model, (str, bytes)) and not hasattr(model, "__fspath__") \
             else str(model)
-        self.proto = load_model(model)
+        self.proto = load_for_backend(backend, model)  # planned cpu: weightless graph, weights stay in the file
         self.backend = backend
         self.threads = threads
         self.inputs: list[InputSpec] = input_specs(self.proto)
         self.outputs: list[str] = output_names(self.proto)
         self.weight_bytes = weight_bytes(self.proto)
-        self._executor = create_executor(backend, self.proto, threads=threads)
+        # With a budget the swap policy picks the executor (no full in-memory session first).
+        self._executor = create_executor(backend, self.proto, threads=threads) if memory_budget_mb is None else None
         self._lock = threading.Lock()
         self._budget_mb: float | None = None
         self._last_latency_ms: float | None = None
         self._last_signature = None
         self._runs = 0
         self._signatures: set = set()
+        from dynnet_ros.swap.control import SwapControl  # budget policy: in memory or swapped blocks
+
+        self._swap = SwapControl(self, create_executor)
         self.set_memory_budget(memory_budget_mb)
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -60,6 +64,7 @@ class Engine:
             outputs = self._executor.run(checked)
             self._last_latency_ms = (time.perf_counter() - start) * 1e3
             self._last_signature = signature
+            self._swap.observe_run(self._last_latency_ms)  # calibrates the in-memory table level
             self._signatures.add(signature)
             self._runs += 1
         return outputs
@@ -72,7 +77,18 @@ class Engine:
         """
         value = validate_budget_mb(mb)
         with self._lock:
+            self._executor = self._swap.apply(value, self._executor)  # ValueError: nothing changed
             self._budget_mb = value
+
+    def min_budget_mb(self) -> float:
+        """Smallest budget this model can run in (largest block + activations + overhead)."""
+        with self._lock:
+            return self._swap.min_budget_mb()
+
+    def latency_table(self) -> list[tuple[float, float]]:
+        """(budget MB, predicted latency ms) per precomputed budget level, increasing budget."""
+        with self._lock:
+            return self._swap.latency_table()
 
     @property
     def memory_budget_mb(self) -> float | None:
@@ -91,11 +107,14 @@ class Engine:
             "weight_bytes": self.weight_bytes,
             "blocks": 1,
             "memory_budget_mb": self._budget_mb,
+            **(self._executor.engine_stats() if hasattr(self._executor, "engine_stats") else {}),  # planned: arena, plans
+            **self._swap.stats(),
         }
 
     def close(self) -> None:
         with self._lock:
             self._executor.close()
+            self._swap.close()
 
     def __enter__(self) -> "Engine":
         return self

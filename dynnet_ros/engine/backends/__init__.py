@@ -7,6 +7,6 @@ unavailable instead of failing at import time.
 from __future__ import annotations
 
 from dynnet_ros.engine.backends.base import Executor
-from dynnet_ros.engine.backends.registry import available_backends, create_executor
+from dynnet_ros.engine.backends.registry import available_backends, create_executor, load_for_backend
 
-__all__ = ["Executor", "available_backends", "create_executor"]
+__all__ = ["Executor", "available_backends", "create_executor", "load_for_backend"]

@@ -1,0 +1,293 @@
+"""`dynnet demo`: run the vehicle graph with the simulator, show a live table, write a report.
+
+The graph runs exactly as `dynnet up` starts it (node output goes to <report>/nodes.log); this
+process subscribes to /diagnostics with rclpy and turns the nodes' own statuses into the
+table and the time series of <report>/summary.json and <report>/demo.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dynnet_ros.commands import CommandError
+from dynnet_ros.commands.up import GraphRunner, StopRequest, load_config
+
+NAME = "demo"
+HELP = "run the vehicle graph with the simulator for a while; live table + demo-report/ (JSON, PNG)"
+
+MODEL_TASKS = ("lane", "pedestrian", "depth")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--duration", type=float, default=30.0, metavar="S", help="seconds to run (default 30)")
+    parser.add_argument("--report", type=Path, default=Path("demo-report"), help="report directory")
+    parser.add_argument("--config", type=Path, default=None, help="graph description (default: vehicle.yaml)")
+    parser.add_argument("--no-live", action="store_true", help="no live table (plain progress lines instead)")
+    parser.add_argument("--namespace", default="", metavar="NS",
+                        help="run the graph under this ROS namespace (as `dynnet up --namespace`)")
+
+
+@dataclass
+class Series:
+    """Time series of one node's diagnostics (t relative to the demo start)."""
+
+    task: str
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+
+class DiagnosticsRecorder:
+    """Collects every node's statuses from /diagnostics (rclpy, spun in a thread)."""
+
+    def __init__(self, t0: float, namespace: str = "") -> None:
+        import rclpy
+        from diagnostic_msgs.msg import DiagnosticArray
+        from rclpy.executors import SingleThreadedExecutor
+
+        from dynnet_ros.nodes.diagnostics import level_value, status_values
+
+        self._values = status_values
+        self._level = level_value
+        self.t0 = t0
+        self.prefix = namespace + "/" if namespace else ""  # only statuses of this graph's nodes
+        self.lock = threading.Lock()
+        self.series: dict[str, Series] = {}
+        self.latest: dict[str, dict[str, Any]] = {}
+        self.memory: list[dict[str, Any]] = []
+        self.camera: list[dict[str, Any]] = []  # the simulator's statuses (camera resolution over time)
+        self.context = rclpy.Context()
+        from rclpy.signals import SignalHandlerOptions
+
+        rclpy.init(context=self.context, signal_handler_options=SignalHandlerOptions.NO)  # demo handles signals
+        self.node = rclpy.create_node("dynnet_demo_monitor", context=self.context)
+        self.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 50)
+        self.executor = SingleThreadedExecutor(context=self.context)
+        self.executor.add_node(self.node)
+        self.thread = threading.Thread(target=self._spin, daemon=True)
+        self.thread.start()
+
+    def _spin(self) -> None:
+        try:
+            while self.context.ok():
+                self.executor.spin_once(timeout_sec=0.1)
+        except Exception:  # noqa: BLE001 — context shut down while spinning
+            pass
+
+    def _on_diag(self, msg) -> None:
+        now = time.monotonic() - self.t0
+        with self.lock:
+            for status in msg.status:
+                if self.prefix and not status.hardware_id.startswith(self.prefix):
+                    continue
+                node = status.name.split(":", 1)[0].strip()
+                values = self._values(status)
+                sample = {"t": now, "level": self._level(status.level), "message": status.message, **values}
+                if values.get("task") in MODEL_TASKS:
+                    self.series.setdefault(node, Series(values["task"])).samples.append(sample)
+                elif status.name.endswith(": memory"):
+                    self.memory.append(sample)
+                elif status.name.endswith(": sensor simulator"):
+                    self.camera.append(sample)
+                self.latest[node] = sample
+
+    def close(self) -> None:
+        import rclpy
+
+        try:
+            self.executor.shutdown(timeout_sec=1.0)
+            self.node.destroy_node()
+        finally:
+            if self.context.ok():
+                rclpy.shutdown(context=self.context)
+        self.thread.join(timeout=2.0)
+
+
+def _fmt(value: Any, spec: str = ".1f") -> str:
+    return format(value, spec) if isinstance(value, (int, float)) else "-"
+
+
+def build_table(recorder: DiagnosticsRecorder, elapsed: float, duration: float):
+    from rich.table import Table
+
+    table = Table(title=f"dynnet demo — {elapsed:4.0f} / {duration:.0f} s   (node output: nodes.log)")
+    for column in ("node", "status", "Hz", "p50 ms", "p95 ms", "input", "camera", "done", "drop", "fail",
+                   "RSS MB"):
+        table.add_column(column, justify="right" if column not in ("node", "status", "input", "camera") else "left")
+    with recorder.lock:
+        latest = dict(recorder.latest)
+    for node, s in sorted(latest.items()):
+        level = {0: "[green]OK", 1: "[yellow]WARN", 2: "[red]ERROR"}.get(s["level"], "STALE")
+        if s.get("task") in MODEL_TASKS:
+            shape = str(s.get("input_shape", "")).split("x")[2:]  # 1x3xHxW -> WxH like the camera column
+            table.add_row(node, level, _fmt(s.get("hz")), _fmt(s.get("latency_p50_ms")), _fmt(s.get("latency_p95_ms")),
+                          "x".join(reversed(shape)), str(s.get("camera_resolution", "")),
+                          _fmt(s.get("frames_processed"), "d"), _fmt(s.get("frames_dropped"), "d"),
+                          _fmt(s.get("frames_failed"), "d"), _fmt(s.get("rss_mb")))
+        else:
+            table.add_row(node, level, "", "", "", "", str(s.get("camera_resolution", "")), "", "", "",
+                          _fmt(s.get("rss_mb", s.get(f"rss_mb.{node}"))))
+    return table
+
+
+def summarize(recorder: DiagnosticsRecorder, duration: float, codes: dict[str, int]) -> dict[str, Any]:
+    models: dict[str, Any] = {}
+    with recorder.lock:
+        series = {name: list(s.samples) for name, s in recorder.series.items()}
+        memory = list(recorder.memory)
+    for node, samples in sorted(series.items()):
+        done = [s for s in samples if isinstance(s.get("frames_processed"), int)]
+        if not done:
+            continue
+        first, last = done[0], done[-1]
+        span = last["t"] - first["t"]
+        hz = (last["frames_processed"] - first["frames_processed"]) / span if span > 0 else 0.0
+        by_res: dict[str, list[float]] = defaultdict(list)
+        for s in done:
+            if isinstance(s.get("latency_last_ms"), float) and s.get("camera_resolution"):
+                by_res[s["camera_resolution"]].append(s["latency_last_ms"])
+        models[node] = {
+            "task": samples[0]["task"],
+            "mean_hz": hz,
+            "latency_p50_ms": last.get("latency_p50_ms"),
+            "latency_p95_ms": last.get("latency_p95_ms"),
+            "latency_median_ms_by_camera_resolution": {k: sorted(v)[len(v) // 2] for k, v in sorted(by_res.items())},
+            "input_shapes_seen": sorted({s["input_shape"] for s in done if s.get("input_shape")}),
+            "frames_received": last.get("frames_received"),
+            "frames_processed": last.get("frames_processed"),
+            "frames_dropped": last.get("frames_dropped"),
+            "frames_failed": last.get("frames_failed"),
+            "rss_mb_max": max((s["rss_mb"] for s in done if isinstance(s.get("rss_mb"), float)), default=None),
+            "memory_budget_mb_last": last.get("memory_budget_mb"),  # 0 = unlimited; set by budget_manager
+            "model_path": last.get("model_path"),
+            "backend": last.get("backend"),
+        }
+    return {
+        "wall_s": duration,
+        "ros_domain_id": int(os.environ.get("ROS_DOMAIN_ID", "0") or 0),
+        "models": models,
+        "memory_samples": len(memory),
+        "system_available_mb_min": min((m["available_mb"] for m in memory if isinstance(m.get("available_mb"), float)),
+                                       default=None),
+        "exit_codes": codes,
+    }
+
+
+def plot(recorder: DiagnosticsRecorder, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with recorder.lock:
+        series = {name: list(s.samples) for name, s in recorder.series.items()}
+        memory = list(recorder.memory)
+        camera = [s for s in recorder.camera if s.get("camera_resolution")]
+    fig, axes = plt.subplots(3, 1, figsize=(12, 10), sharex=True)
+    for node, samples in sorted(series.items()):
+        pts = [s for s in samples if isinstance(s.get("latency_last_ms"), float)]
+        line, = axes[0].plot([s["t"] for s in pts], [s["latency_last_ms"] for s in pts], marker=".",
+                             label=f"{node} last frame")
+        p95 = [s for s in pts if isinstance(s.get("latency_p95_ms"), float)]
+        axes[0].plot([s["t"] for s in p95], [s["latency_p95_ms"] for s in p95], linestyle="--",
+                     color=line.get_color(), label=f"{node} p95")
+        shaped = [s for s in samples if s.get("input_shape")]
+        axes[1].step([s["t"] for s in shaped], [_pixels(s["input_shape"]) / 1e3 for s in shaped], where="post",
+                     color=line.get_color(), linestyle=":", label=f"{node} model input")
+        rss = [s for s in samples if isinstance(s.get("rss_mb"), float)]
+        axes[2].plot([s["t"] for s in rss], [s["rss_mb"] for s in rss], color=line.get_color(), label=node)
+    if camera:
+        axes[1].step([s["t"] for s in camera], [_pixels(s["camera_resolution"]) / 1e3 for s in camera], where="post",
+                     color="black", label="camera (sensor_sim)")
+    for name, color in (("sensor_sim", "grey"), ("budget_manager", "purple")):
+        key = f"rss_mb.{name}"
+        pts = [m for m in memory if isinstance(m.get(key), float)]
+        if pts:
+            axes[2].plot([m["t"] for m in pts], [m[key] for m in pts], label=name, linestyle="-.", color=color)
+    axes[0].set_ylabel("frame latency (ms)")
+    axes[0].set_title("frame latency: latest frame at each 1 Hz diagnostics sample (solid), p95 of the last "
+                      "50 frames (dashed)", fontsize=10)
+    axes[1].set_ylabel("kilopixels")
+    axes[1].set_title("camera resolution (black, sampled at 1 Hz) and each model's last input after letterbox "
+                      "(dotted)", fontsize=10)
+    axes[2].set_ylabel("RSS (MiB)")
+    axes[2].set_title("memory per node")
+    axes[2].set_xlabel("time since start (s)")
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: never hides data
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _pixels(text: str) -> float:
+    """'640x480' or '1x3x480x640' -> pixel count."""
+    dims = [int(d) for d in str(text).split("x")]
+    return float(dims[-1] * dims[-2])
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.duration <= 0:
+        raise CommandError(f"--duration must be positive, got {args.duration}")
+    os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    config = load_config(args.config)
+    report = Path(args.report)
+    report.mkdir(parents=True, exist_ok=True)
+    log = (report / "nodes.log").open("w")
+    log_lock = threading.Lock()
+
+    def sink(name: str, line: str) -> None:
+        with log_lock:
+            log.write(f"[{name}] {line}\n")
+            log.flush()
+
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console() if sys.stdout.isatty() else Console(width=120)  # logs: keep the table readable
+    runner = GraphRunner(config, use_sim=True, sink=sink, namespace=args.namespace)
+    console.print(f"dynnet demo: building/loading the zoo models, then {len(runner.nodes)} nodes for "
+                  f"{args.duration:.0f} s (ROS_DOMAIN_ID={os.environ.get('ROS_DOMAIN_ID', '0')})")
+    status = 0
+    t0 = time.monotonic()
+    recorder = DiagnosticsRecorder(t0, runner.namespace)
+    with StopRequest() as stop:
+        try:
+            runner.start()
+            deadline = time.monotonic() + args.duration
+            with Live(build_table(recorder, 0.0, args.duration), console=console, refresh_per_second=2,
+                      transient=False, auto_refresh=not args.no_live) as live:
+                while not stop.event.is_set() and time.monotonic() < deadline:
+                    dead = runner.dead()
+                    if dead:
+                        console.print(f"[red]node(s) exited unexpectedly: {dead}; see {report / 'nodes.log'}")
+                        status = 1
+                        break
+                    stop.event.wait(0.5)
+                    live.update(build_table(recorder, time.monotonic() - t0, args.duration))
+        finally:
+            codes = runner.stop()
+            elapsed = time.monotonic() - t0
+            recorder.close()
+            log.close()
+    console.print()
+    summary = summarize(recorder, elapsed, codes)
+    summary["requested_duration_s"] = args.duration
+    (report / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    plot(recorder, report / "demo.png")
+    for node, m in summary["models"].items():
+        console.print(f"{node:16s} {m['mean_hz']:5.2f} Hz  p50 {_fmt(m['latency_p50_ms'])} ms  "
+                      f"p95 {_fmt(m['latency_p95_ms'])} ms  dropped {m['frames_dropped']}  "
+                      f"RSS max {_fmt(m['rss_mb_max'])} MiB")
+    console.print(f"report: {report / 'summary.json'}, {report / 'demo.png'}, {report / 'nodes.log'}")
+    if not summary["models"]:
+        console.print("[red]no model diagnostics were received")
+        return 1
+    return status

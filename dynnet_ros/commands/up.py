@@ -1,0 +1,220 @@
+"""`dynnet up`: start the vehicle graph from config/vehicle.yaml as plain processes.
+
+The same nodes `ros2 launch dynnet_ros vehicle.launch.py` starts, without needing `launch`:
+one `python -m dynnet_ros.nodes.<x> --ros-args ...` process per node, each in its own process
+group, output forwarded line by line with a `[name]` prefix. Ctrl-C/SIGTERM (or --duration)
+stops them all: SIGINT, then SIGTERM, then SIGKILL, with a timeout between steps. Children
+also get SIGTERM from the kernel if `dynnet up` itself is killed (PR_SET_PDEATHSIG).
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from dynnet_ros.commands import CommandError
+from dynnet_ros.graph_config import (GraphConfig, NodeConfig, default_config_path, load_graph, node_command,
+                                    validate_namespace)
+
+NAME = "up"
+HELP = "start the vehicle graph (config/vehicle.yaml) as separate processes; Ctrl-C stops it"
+
+MODEL_TASKS = {"lane_node": "lane", "pedestrian_node": "pedestrian", "depth_node": "depth"}
+_PR_SET_PDEATHSIG = 1
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, default=None,
+                        help="graph description (default: the package's config/vehicle.yaml)")
+    parser.add_argument("--duration", type=float, default=None, metavar="S",
+                        help="stop the graph after S seconds (default: run until Ctrl-C)")
+    parser.add_argument("--no-sim", action="store_true", help="do not start the simulator nodes (sim: true)")
+    parser.add_argument("--namespace", default="", metavar="NS",
+                        help="run every node (and its topics, except /diagnostics) under this ROS namespace")
+
+
+def graph_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """Child environment: loopback-only discovery unless the user chose otherwise."""
+    env = dict(os.environ if base is None else base)
+    env.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _child_setup() -> None:  # runs in the child between fork and exec
+    os.setsid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+@dataclass
+class Child:
+    node: NodeConfig
+    proc: subprocess.Popen
+    reader: threading.Thread
+
+
+class GraphRunner:
+    """Start, watch and stop one process per node. Use as a context manager."""
+
+    def __init__(self, config: GraphConfig, *, use_sim: bool = True,
+                 sink: Callable[[str, str], None] | None = None, env: dict[str, str] | None = None,
+                 namespace: str = "") -> None:
+        self.config = config
+        self.namespace = validate_namespace(namespace)
+        self.nodes = config.selected(use_sim)
+        if not self.nodes:
+            raise CommandError(f"{config.source}: no nodes to start (all are sim nodes and --no-sim was given)")
+        self.env = graph_env(env)
+        self.children: list[Child] = []
+        self.stopping = False
+        self._print_lock = threading.Lock()
+        self._sink = sink or self._print
+        self._tmp = tempfile.TemporaryDirectory(prefix="dynnet-up-")
+
+    def _print(self, name: str, line: str) -> None:
+        with self._print_lock:
+            sys.stdout.write(f"[{name}] {line}\n")
+            sys.stdout.flush()
+
+    def prepare_models(self) -> None:
+        """Build zoo models the graph uses once, before three nodes race to build them."""
+        tasks = [MODEL_TASKS[n.executable] for n in self.nodes
+                 if n.executable in MODEL_TASKS and not n.parameters.get("model_path")]
+        if tasks:
+            from dynnet_ros.zoo import ensure_model
+
+            for task in tasks:
+                ensure_model(task)
+
+    def start(self) -> None:
+        self.prepare_models()
+        for node in self.nodes:
+            params_file = Path(self._tmp.name) / f"{node.name}.yaml"
+            params_file.write_text(yaml.safe_dump(node.params_file_data(), sort_keys=False))
+            cmd = node_command(node, params_file, namespace=self.namespace)
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    env=self.env, text=True, bufsize=1, preexec_fn=_child_setup)
+            reader = threading.Thread(target=self._forward, args=(node.name, proc), daemon=True)
+            reader.start()
+            self.children.append(Child(node, proc, reader))
+
+    def _forward(self, name: str, proc: subprocess.Popen) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self._sink(name, line.rstrip("\n"))
+
+    def pids(self) -> dict[str, int]:
+        return {c.node.name: c.proc.pid for c in self.children}
+
+    def dead(self) -> list[tuple[str, int]]:
+        """Nodes that exited on their own: (name, exit code)."""
+        return [(c.node.name, c.proc.returncode) for c in self.children if c.proc.poll() is not None]
+
+    def stop(self, *, int_timeout: float = 8.0, term_timeout: float = 4.0) -> dict[str, int]:
+        """SIGINT every process group, then SIGTERM, then SIGKILL; returns exit codes."""
+        self.stopping = True
+        for sig, timeout in ((signal.SIGINT, int_timeout), (signal.SIGTERM, term_timeout), (signal.SIGKILL, 5.0)):
+            alive = [c for c in self.children if c.proc.poll() is None]
+            if not alive:
+                break
+            for child in alive:
+                try:
+                    os.killpg(child.proc.pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + timeout
+            for child in alive:
+                try:
+                    child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+        for child in self.children:  # leftovers in a group (a node's own subprocesses)
+            try:
+                os.killpg(child.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            child.reader.join(timeout=2.0)
+        self._tmp.cleanup()
+        return {c.node.name: c.proc.returncode for c in self.children}
+
+    def __enter__(self) -> "GraphRunner":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.stopping:
+            self.stop()
+
+
+class StopRequest:
+    """SIGINT/SIGTERM set an event instead of raising, so shutdown runs in one place."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signal: int | None = None
+        self._old: dict[int, object] = {}
+
+    def _handle(self, signum, _frame) -> None:
+        self.signal = signum
+        self.event.set()
+
+    def __enter__(self) -> "StopRequest":
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+
+def load_config(path: Path | None) -> GraphConfig:
+    return load_graph(path if path is not None else default_config_path())
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.duration is not None and args.duration <= 0:
+        raise CommandError(f"--duration must be positive, got {args.duration}")
+    config = load_config(args.config)
+    runner = GraphRunner(config, use_sim=not args.no_sim, namespace=args.namespace)
+    env = runner.env
+    print(f"dynnet up: {len(runner.nodes)} nodes from {config.source} "
+          f"(ROS_DOMAIN_ID={env.get('ROS_DOMAIN_ID', '0')}, "
+          f"ROS_AUTOMATIC_DISCOVERY_RANGE={env['ROS_AUTOMATIC_DISCOVERY_RANGE']}"
+          f"{', namespace ' + runner.namespace if runner.namespace else ''}); Ctrl-C stops",
+          flush=True)
+    status = 0
+    with StopRequest() as stop:
+        runner.start()
+        deadline = None if args.duration is None else time.monotonic() + args.duration
+        try:
+            while not stop.event.is_set():
+                dead = runner.dead()
+                if dead:
+                    listing = ", ".join(f"{name} (exit code {code})" for name, code in dead)
+                    print(f"dynnet up: node(s) exited unexpectedly: {listing}; stopping the graph",
+                          file=sys.stderr, flush=True)
+                    status = 1
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                stop.event.wait(0.2)
+        finally:
+            codes = runner.stop()
+    reason = "signal" if stop.signal is not None else "duration" if status == 0 else "failure"
+    print(f"dynnet up: stopped ({reason}); exit codes {codes}", flush=True)
+    return status

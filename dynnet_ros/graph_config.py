@@ -1,0 +1,184 @@
+"""Read and validate config/vehicle.yaml: the one description of the vehicle graph.
+
+Both `launch/vehicle.launch.py` (robots with ROS 2 installed) and `dynnet up` (anywhere) build
+their processes from a `GraphConfig`, so the two can never disagree on nodes, parameters or
+remappings. No ROS imports here.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PACKAGE = "dynnet_ros"
+# executable (as in setup.py entry points / `ros2 run`) -> module with main()
+EXECUTABLES: dict[str, str] = {
+    "sensor_sim": "dynnet_ros.nodes.sensor_sim",
+    "lane_node": "dynnet_ros.nodes.lane_node",
+    "pedestrian_node": "dynnet_ros.nodes.pedestrian_node",
+    "depth_node": "dynnet_ros.nodes.depth_node",
+    "budget_manager": "dynnet_ros.nodes.budget_manager",
+}
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TOPIC = re.compile(r"^~?/?[A-Za-z_~{][A-Za-z0-9_/{}~]*$")
+_NODE_KEYS = {"name", "executable", "sim", "parameters", "remappings"}
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    name: str
+    executable: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+    remappings: dict[str, str] = field(default_factory=dict)
+    sim: bool = False  # part of the simulator: skipped by `--no-sim` / `use_sim:=false`
+
+    @property
+    def module(self) -> str:
+        return EXECUTABLES[self.executable]
+
+    def params_file_data(self) -> dict:
+        """Content of this node's own ROS 2 --params-file.
+
+        Keyed "/**" (any node): the file is passed to this node only, and a bare node name would
+        not match once `dynnet up --namespace` moves the node.
+        """
+        return {"/**": {"ros__parameters": dict(self.parameters)}}
+
+
+@dataclass(frozen=True)
+class GraphConfig:
+    nodes: list[NodeConfig]
+    source: str = "<memory>"
+
+    def selected(self, use_sim: bool = True) -> list[NodeConfig]:
+        return [n for n in self.nodes if use_sim or not n.sim]
+
+    def node(self, name: str) -> NodeConfig:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+
+def _param_value_ok(value: Any) -> bool:
+    if isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, list) and value:
+        kinds = {bool if isinstance(v, bool) else float if isinstance(v, (int, float)) else type(v) for v in value}
+        return len(kinds) == 1 and kinds <= {bool, float, str}
+    return False
+
+
+def parse_graph(data: Any, source: str = "<memory>") -> GraphConfig:
+    """Validate parsed YAML; raise ValueError naming the file, node and field at fault."""
+    where = source
+    if not isinstance(data, dict) or "nodes" not in data:
+        raise ValueError(f"{where}: expected a mapping with a 'nodes' list at the top level")
+    extra = set(data) - {"nodes"}
+    if extra:
+        raise ValueError(f"{where}: unknown top-level key(s) {sorted(extra)}; only 'nodes' is allowed")
+    raw_nodes = data["nodes"]
+    if not isinstance(raw_nodes, list) or not raw_nodes:
+        raise ValueError(f"{where}: 'nodes' must be a non-empty list")
+    nodes: list[NodeConfig] = []
+    seen: set[str] = set()
+    for index, raw in enumerate(raw_nodes):
+        label = f"{where}: nodes[{index}]"
+        if not isinstance(raw, dict):
+            raise ValueError(f"{label} must be a mapping with name/executable/parameters/remappings")
+        unknown = set(raw) - _NODE_KEYS
+        if unknown:
+            raise ValueError(f"{label}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_NODE_KEYS)}")
+        name = raw.get("name")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ValueError(f"{label}: 'name' must be a ROS node name (letters, digits, _), got {name!r}")
+        label = f"{where}: node '{name}'"
+        if name in seen:
+            raise ValueError(f"{label} appears twice")
+        seen.add(name)
+        executable = raw.get("executable")
+        if executable not in EXECUTABLES:
+            raise ValueError(f"{label}: unknown executable {executable!r}; choose one of {sorted(EXECUTABLES)}")
+        params = raw.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise ValueError(f"{label}: 'parameters' must be a mapping")
+        for key, value in params.items():
+            if not isinstance(key, str) or not _NAME.match(key.replace(".", "_")):
+                raise ValueError(f"{label}: bad parameter name {key!r}")
+            if not _param_value_ok(value):
+                raise ValueError(f"{label}: parameter '{key}' must be a bool, number, string or a non-empty "
+                                 f"list of one of those, got {value!r}")
+        remaps = raw.get("remappings") or {}
+        if not isinstance(remaps, dict):
+            raise ValueError(f"{label}: 'remappings' must be a mapping from topic to topic")
+        for src, dst in remaps.items():
+            if not (isinstance(src, str) and isinstance(dst, str) and _TOPIC.match(src) and _TOPIC.match(dst)):
+                raise ValueError(f"{label}: bad remapping {src!r} -> {dst!r}")
+        sim = raw.get("sim", False)
+        if not isinstance(sim, bool):
+            raise ValueError(f"{label}: 'sim' must be true or false, got {sim!r}")
+        nodes.append(NodeConfig(name=name, executable=executable, parameters=dict(params),
+                                remappings=dict(remaps), sim=sim))
+    return GraphConfig(nodes=nodes, source=source)
+
+
+def load_graph(path: str | Path) -> GraphConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"graph config not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML: {exc}") from exc
+    return parse_graph(data, str(path))
+
+
+def default_config_path() -> Path:
+    """The installed share/dynnet_ros/config/vehicle.yaml, else the source checkout's copy."""
+    checkout = Path(__file__).resolve().parents[1] / "config" / "vehicle.yaml"
+    if checkout.is_file():
+        return checkout
+    try:
+        from ament_index_python.packages import PackageNotFoundError, get_package_share_directory
+
+        try:
+            return Path(get_package_share_directory(PACKAGE)) / "config" / "vehicle.yaml"
+        except PackageNotFoundError:
+            pass
+    except ImportError:
+        pass
+    return checkout
+
+
+_NAMESPACE = re.compile(r"^(/[A-Za-z_][A-Za-z0-9_]*)+$")
+
+
+def validate_namespace(namespace: str) -> str:
+    """'' (none) or an absolute ROS namespace like /robot1; a missing leading slash is added."""
+    if not namespace:
+        return ""
+    namespace = namespace if namespace.startswith("/") else "/" + namespace
+    if not _NAMESPACE.match(namespace):
+        raise ValueError(f"bad ROS namespace {namespace!r} (letters, digits, _ separated by /)")
+    return namespace
+
+
+def node_command(node: NodeConfig, params_file: str | Path, python: str = sys.executable,
+                 namespace: str = "") -> list[str]:
+    """argv that runs one node as its own process (what `dynnet up` starts).
+
+    A namespace moves the node and its relative topics (camera/image_raw, lane/mask, ...)
+    under it; /diagnostics stays global, as diagnostic aggregators expect.
+    """
+    cmd = [python, "-m", node.module, "--ros-args", "-r", f"__node:={node.name}"]
+    if namespace:
+        cmd += ["-r", f"__ns:={validate_namespace(namespace)}"]
+    if node.parameters:
+        cmd += ["--params-file", str(params_file)]
+    for src, dst in node.remappings.items():
+        cmd += ["-r", f"{src}:={dst}"]
+    return cmd

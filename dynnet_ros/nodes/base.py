@@ -1,0 +1,119 @@
+"""What every dynnet node shares: typed parameter specs, validation, and the main() wrapper.
+
+Parameters are declared from `ParamSpec`s so each has a descriptor (type, range, description
+for `ros2 param describe`) and one validator used both at startup and in the on-set callback.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import rclpy
+from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, ParameterType
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.node import Node
+
+_TYPES = {
+    bool: ParameterType.PARAMETER_BOOL,
+    int: ParameterType.PARAMETER_INTEGER,
+    float: ParameterType.PARAMETER_DOUBLE,
+    str: ParameterType.PARAMETER_STRING,
+    "double_array": ParameterType.PARAMETER_DOUBLE_ARRAY,
+    "string_array": ParameterType.PARAMETER_STRING_ARRAY,
+}
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One parameter: default, meaning, allowed range and an optional extra check.
+
+    `check(value)` returns None when the value is fine, else the reason it is not.
+    """
+
+    name: str
+    default: Any
+    description: str
+    kind: Any = None  # bool/int/float/str/"double_array"/"string_array"; inferred from default
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[str, ...] = ()
+    check: Callable[[Any], str | None] | None = None
+
+    @property
+    def type_key(self):
+        return self.kind if self.kind is not None else type(self.default)
+
+    def descriptor(self) -> ParameterDescriptor:
+        desc = ParameterDescriptor(name=self.name, type=_TYPES[self.type_key], description=self.description)
+        constraints = []
+        if self.type_key is float and self.low is not None and self.high is not None:
+            desc.floating_point_range = [FloatingPointRange(from_value=float(self.low), to_value=float(self.high),
+                                                            step=0.0)]
+            constraints.append(f"{self.low} <= value <= {self.high}")
+        if self.type_key is int and self.low is not None and self.high is not None:
+            desc.integer_range = [IntegerRange(from_value=int(self.low), to_value=int(self.high), step=1)]
+            constraints.append(f"{int(self.low)} <= value <= {int(self.high)}")
+        if self.choices:
+            constraints.append("one of " + ", ".join(self.choices))
+        desc.additional_constraints = "; ".join(constraints)
+        return desc
+
+    def validate(self, value: Any) -> str | None:
+        """Reason the value is unacceptable, or None."""
+        if self.type_key in (int, float) and not isinstance(value, bool):
+            if isinstance(value, float) and not math.isfinite(value):
+                return f"{self.name} must be finite, got {value}"
+            if self.low is not None and value < self.low or self.high is not None and value > self.high:
+                return f"{self.name} must be in [{self.low}, {self.high}], got {value}"
+        if self.choices and value not in self.choices:
+            return f"{self.name} must be one of {list(self.choices)}, got {value!r}"
+        if self.check is not None:
+            return self.check(value)
+        return None
+
+
+def declare(node: Node, specs: Iterable[ParamSpec]) -> dict[str, Any]:
+    """Declare the parameters (overrides from --params-file / -p apply) and return their values.
+
+    Raises ValueError naming the first parameter whose starting value fails validation.
+    """
+    values: dict[str, Any] = {}
+    for spec in specs:
+        param = node.declare_parameter(spec.name, spec.default, spec.descriptor())
+        value = param.value
+        if spec.type_key in ("double_array", "string_array"):
+            value = list(value)
+        reason = spec.validate(value)
+        if reason:
+            raise ValueError(f"parameter {reason}")
+        values[spec.name] = value
+    return values
+
+
+def run_node(factory: Callable[[], Node], args: list[str] | None = None) -> int:
+    """rclpy.init, spin until Ctrl-C/SIGTERM, clean shutdown without tracebacks.
+
+    Startup errors (bad parameters, a model that does not load) print one line and exit 1.
+    """
+    node = None
+    try:
+        with rclpy.init(args=args):
+            node = factory()
+            try:
+                # two threads: a slow parameter change (loading a model, re-planning a budget)
+                # does not stall the sensor callbacks that ModelNode puts in their own group
+                rclpy.spin(node, executor=MultiThreadedExecutor(num_threads=2))
+            finally:
+                close = getattr(node, "close", None)
+                if close is not None:
+                    close()
+                node.destroy_node()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        return 0
+    except ValueError as exc:
+        name = getattr(factory, "__name__", "node")
+        print(f"{name}: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0

@@ -1,0 +1,207 @@
+"""Synthetic road scene for the sensor simulator — plain numpy, no ROS imports.
+
+One 3D scene per frame (flat road, lane markings, pedestrians as boxes) is both rendered into
+the camera image and ray-cast by the LiDAR, so the two sensors agree on depth by construction.
+
+Frames: the vehicle frame has x forward, y left, z up, origin on the ground below the camera.
+The camera optical frame has z forward, x right, y down (REP 103). The LiDAR frame is the
+vehicle frame shifted to the LiDAR's mount point.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dynnet_ros.nodes.geometry import matrix_to_rpy
+
+CAMERA_HEIGHT = 1.5               # metres above the road
+LIDAR_POSITION = (0.2, 0.0, 1.8)  # in the vehicle frame
+HFOV_DEG = 70.0
+LANE_HALF_WIDTH = 1.75            # lane markings at y = +-1.75 m ...
+ROAD_HALF_WIDTH = 5.25            # ... and road edges at +-5.25 m
+MARK_WIDTH = 0.15
+DASH_LENGTH, DASH_PERIOD = 3.0, 9.0
+SPEED = 8.0                       # m/s: the dashes move toward the camera
+
+# rotation taking vehicle-frame vectors to camera-optical vectors
+R_OPT_FROM_VEH = np.array([[0.0, -1.0, 0.0], [0.0, 0.0, -1.0], [1.0, 0.0, 0.0]])
+
+
+def camera_matrix(width: int, height: int, hfov_deg: float = HFOV_DEG) -> np.ndarray:
+    """Pinhole K for a width x height image with the given horizontal field of view."""
+    fx = (width / 2.0) / math.tan(math.radians(hfov_deg) / 2.0)
+    return np.array([[fx, 0.0, (width - 1) / 2.0], [0.0, fx, (height - 1) / 2.0], [0.0, 0.0, 1.0]])
+
+
+def lidar_to_camera() -> np.ndarray:
+    """4x4 transform mapping LiDAR-frame points into the camera optical frame (ground truth)."""
+    t = np.eye(4)
+    t[:3, :3] = R_OPT_FROM_VEH
+    offset = np.array(LIDAR_POSITION) - np.array([0.0, 0.0, CAMERA_HEIGHT])
+    t[:3, 3] = R_OPT_FROM_VEH @ offset
+    return t
+
+
+def lidar_to_camera_xyzrpy() -> list[float]:
+    """The same transform as [x, y, z, roll, pitch, yaw] (the depth node's parameter form)."""
+    t = lidar_to_camera()
+    return [float(v) for v in t[:3, 3]] + [float(v) for v in matrix_to_rpy(t[:3, :3])]
+
+
+@dataclass(frozen=True)
+class Pedestrian:
+    x: float        # distance of the box's front face from the camera (m, forward)
+    y: float        # lateral centre (m, left positive)
+    width: float
+    height: float
+    color: tuple[float, float, float]
+
+
+@dataclass
+class Scene:
+    """Everything both sensors need to agree on for one instant."""
+
+    t: float
+    pedestrians: list[Pedestrian] = field(default_factory=list)
+
+    @property
+    def dash_phase(self) -> float:
+        return (SPEED * self.t) % DASH_PERIOD
+
+
+_COLORS = [(0.85, 0.25, 0.2), (0.2, 0.45, 0.85), (0.9, 0.75, 0.15), (0.6, 0.3, 0.7), (0.2, 0.7, 0.4)]
+
+
+def make_scene(t: float, count: int = 4) -> Scene:
+    """Deterministic function of time: pedestrians pace across the road at fixed distances."""
+    peds = []
+    for i in range(count):
+        x = 8.0 + 6.0 * i
+        y = 4.0 * math.sin(0.35 * t + 1.7 * i)
+        peds.append(Pedestrian(x=x, y=y, width=0.6, height=1.75 - 0.05 * i, color=_COLORS[i % len(_COLORS)]))
+    return Scene(t=t, pedestrians=peds)
+
+
+def _ground_material(x: np.ndarray, y: np.ndarray, phase: float) -> np.ndarray:
+    """0 grass, 1 asphalt, 2 paint — per ground point (vehicle-frame x forward, y left)."""
+    ay = np.abs(y)
+    mat = np.where(ay <= ROAD_HALF_WIDTH, 1, 0).astype(np.uint8)
+    edge = np.abs(ay - ROAD_HALF_WIDTH) <= MARK_WIDTH / 2
+    dashed = (np.abs(ay - LANE_HALF_WIDTH) <= MARK_WIDTH / 2) & (((x + phase) % DASH_PERIOD) < DASH_LENGTH)
+    mat[edge | dashed] = 2
+    return mat
+
+
+def _cast(origin: np.ndarray, dirs: np.ndarray, scene: Scene, max_range: float):
+    """Ray-cast vehicle-frame rays; returns (range along ray, hit kind, pedestrian index).
+
+    kind: 0 none, 1 ground, 2 pedestrian. `dirs` need not be unit length: the returned range
+    is in units of the direction vector.
+    """
+    n = dirs.shape[0]
+    best = np.full(n, np.inf)
+    kind = np.zeros(n, dtype=np.uint8)
+    ped_index = np.full(n, -1, dtype=np.int16)
+    dz = dirs[:, 2]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t_ground = np.where(dz < -1e-9, -origin[2] / dz, np.inf)
+    hit = t_ground < best
+    best[hit], kind[hit] = t_ground[hit], 1
+    dx = dirs[:, 0]
+    for i, ped in enumerate(scene.pedestrians):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = np.where(dx > 1e-9, (ped.x - origin[0]) / dx, np.inf)
+        y = origin[1] + t * dirs[:, 1]
+        z = origin[2] + t * dz
+        on = (np.abs(y - ped.y) <= ped.width / 2) & (z >= 0) & (z <= ped.height) & (t < best)
+        best[on], kind[on], ped_index[on] = t[on], 2, i
+    far = best * np.linalg.norm(dirs, axis=1) > max_range
+    best[far], kind[far] = np.inf, 0
+    return best, kind, ped_index
+
+
+_NOISE_CACHE: dict[tuple[int, int], np.ndarray] = {}
+
+
+def _noise(height: int, width: int, frame: int) -> np.ndarray:
+    """Sensor noise as a cached pattern shifted per frame (fresh Gaussian noise per 1280x720
+    frame would cost more than rendering it)."""
+    key = (height, width)
+    if key not in _NOISE_CACHE:
+        rng = np.random.default_rng(height * 10007 + width)
+        _NOISE_CACHE[key] = rng.normal(0.0, 4.0, (height, width, 3)).astype(np.float32)
+    return np.roll(_NOISE_CACHE[key], shift=(frame * 7) % height, axis=0)
+
+
+def render_camera(scene: Scene, width: int, height: int, *, frame: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """RGB uint8 image and ground-truth optical depth (metres, 0 for sky) of the scene.
+
+    The camera has no roll or pitch, so the ground depth of a pixel depends on its row only
+    and each pedestrian's front face is an axis-aligned rectangle in the image: both are drawn
+    analytically (the same geometry the LiDAR ray-caster intersects).
+    """
+    k = camera_matrix(width, height)
+    xn = ((np.arange(width, dtype=np.float32) - k[0, 2]) / k[0, 0])[None, :]
+    yn = ((np.arange(height, dtype=np.float32) - k[1, 2]) / k[1, 1])[:, None]
+    with np.errstate(divide="ignore"):
+        row_depth = np.where(yn > 1e-6, CAMERA_HEIGHT / np.maximum(yn, 1e-6), np.inf).astype(np.float32)
+    row_depth[row_depth > 150.0] = np.inf
+    depth = np.broadcast_to(row_depth, (height, width)).copy()
+    ground = np.isfinite(depth)
+    gy = -depth * xn  # lateral offset of each ground point (inf on sky rows, masked below)
+    mat = _ground_material(np.broadcast_to(row_depth, (height, width))[ground], gy[ground], scene.dash_phase)
+    palette = np.array([[64, 140, 51], [77, 77, 82], [242, 242, 235]], dtype=np.float32)
+    rgb = np.empty((height, width, 3), dtype=np.float32)
+    elevation = np.clip(-yn, 0, 1)
+    sky = np.concatenate([140 - 50 * elevation, 178 - 38 * elevation, np.full_like(elevation, 242)], axis=1)
+    rgb[:] = sky[:, None, :]
+    shade = np.clip(1.0 - np.broadcast_to(row_depth, (height, width))[ground] / 200.0, 0.7, 1.0)[:, None]
+    rgb[ground] = palette[mat] * shade
+    fx, fy, cx, cy = k[0, 0], k[1, 1], k[0, 2], k[1, 2]
+    for ped in sorted(scene.pedestrians, key=lambda p: -p.x):
+        u1 = int(math.ceil(fx * (-(ped.y + ped.width / 2) / ped.x) + cx))
+        u2 = int(math.floor(fx * (-(ped.y - ped.width / 2) / ped.x) + cx))
+        v1 = int(math.ceil(fy * (CAMERA_HEIGHT - ped.height) / ped.x + cy))
+        v2 = int(math.floor(fy * CAMERA_HEIGHT / ped.x + cy))
+        u1, u2, v1, v2 = max(u1, 0), min(u2, width - 1), max(v1, 0), min(v2, height - 1)
+        if u1 > u2 or v1 > v2:
+            continue
+        region = depth[v1:v2 + 1, u1:u2 + 1]
+        front = region > ped.x
+        region[front] = ped.x
+        z = CAMERA_HEIGHT - (np.arange(v1, v2 + 1, dtype=np.float32) - cy) / fy * ped.x
+        color = np.array(ped.color, dtype=np.float32) * 255.0
+        patch = color[None, None, :] * (0.65 + 0.35 * (z / ped.height))[:, None, None]
+        rgb[v1:v2 + 1, u1:u2 + 1][front] = np.broadcast_to(patch, region.shape + (3,))[front]
+    rgb += _noise(height, width, frame)
+    image = np.clip(rgb, 0, 255).astype(np.uint8)
+    depth[~np.isfinite(depth)] = 0.0
+    return image, depth
+
+
+def scan_lidar(scene: Scene, *, beams: int = 16, azimuth_steps: int = 512, max_range: float = 60.0,
+               seed: int = 0) -> np.ndarray:
+    """LiDAR returns as an (N, 4) float32 array x, y, z, intensity in the LiDAR frame.
+
+    The point count varies frame to frame: rays into the sky or past `max_range` give no return,
+    and `azimuth_steps` is the scan's horizontal resolution.
+    """
+    elevation = np.radians(np.linspace(-24.0, 2.0, beams))
+    half = math.radians(HFOV_DEG / 2.0 + 10.0)
+    azimuth = np.linspace(-half, half, azimuth_steps)
+    el, az = np.meshgrid(elevation, azimuth, indexing="ij")
+    dirs = np.stack([np.cos(el) * np.cos(az), np.cos(el) * np.sin(az), np.sin(el)], axis=-1).reshape(-1, 3)
+    origin = np.array(LIDAR_POSITION)
+    t, kind, _ = _cast(origin, dirs, scene, max_range=max_range)
+    hit = kind > 0
+    rng = np.random.default_rng(seed)
+    r = t[hit] + rng.normal(0.0, 0.01, hit.sum())
+    xyz = dirs[hit] * r[:, None]
+    intensity = np.full(hit.sum(), 0.5, dtype=np.float32)
+    ground = kind[hit] == 1
+    world = xyz[ground] + origin
+    mat = _ground_material(world[:, 0], world[:, 1], scene.dash_phase)
+    intensity[ground] = np.array([0.3, 0.1, 0.9], dtype=np.float32)[mat]
+    return np.column_stack([xyz, intensity]).astype(np.float32)

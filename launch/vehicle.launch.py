@@ -1,0 +1,55 @@
+"""Launch the vehicle graph described by config/vehicle.yaml (the same nodes `dynnet up` starts).
+
+    ros2 launch dynnet_ros vehicle.launch.py                 # with the sensor simulator
+    ros2 launch dynnet_ros vehicle.launch.py use_sim:=false  # real camera / LiDAR drivers
+    ros2 launch dynnet_ros vehicle.launch.py config:=/path/to/my_vehicle.yaml namespace:=/robot1
+"""
+from __future__ import annotations
+
+import os
+
+from launch import LaunchDescription
+from launch.actions import DeclareLaunchArgument, OpaqueFunction, SetEnvironmentVariable
+from launch.substitutions import LaunchConfiguration
+from launch_ros.actions import Node
+
+from dynnet_ros.graph_config import PACKAGE, default_config_path, load_graph, validate_namespace
+
+
+def _default_config() -> str:
+    try:
+        from ament_index_python.packages import get_package_share_directory
+
+        path = os.path.join(get_package_share_directory(PACKAGE), "config", "vehicle.yaml")
+        if os.path.isfile(path):
+            return path
+    except Exception:  # not installed through colcon (e.g. a source checkout): use its copy
+        pass
+    return str(default_config_path())
+
+
+def _nodes(context, *args, **kwargs):
+    """Resolve the launch arguments, then one launch_ros Node per configured node."""
+    graph = load_graph(LaunchConfiguration("config").perform(context))
+    use_sim = LaunchConfiguration("use_sim").perform(context).strip().lower() in ("true", "1", "yes")
+    namespace = validate_namespace(LaunchConfiguration("namespace").perform(context).strip())
+    return [
+        Node(package=PACKAGE, executable=node.executable, name=node.name, namespace=namespace or None,
+             output="screen", parameters=[node.parameters], remappings=list(node.remappings.items()))
+        for node in graph.selected(use_sim)
+    ]
+
+
+def generate_launch_description() -> LaunchDescription:
+    actions = [
+        DeclareLaunchArgument("use_sim", default_value="true", choices=["true", "false"],
+                              description="start the sensor simulator (nodes with sim: true)"),
+        DeclareLaunchArgument("config", default_value=_default_config(),
+                              description="graph description (nodes, parameters, remappings)"),
+        DeclareLaunchArgument("namespace", default_value="",
+                              description="ROS namespace for every node and its topics (/diagnostics stays global)"),
+    ]
+    if "ROS_AUTOMATIC_DISCOVERY_RANGE" not in os.environ:  # keep discovery on this machine by default
+        actions.append(SetEnvironmentVariable("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST"))
+    actions.append(OpaqueFunction(function=_nodes))
+    return LaunchDescription(actions)

@@ -1,0 +1,135 @@
+"""Graph config validation, the memory monitors and the `dynnet up` command line (no graph)."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import yaml
+
+from dynnet_ros.budget.monitors import MemorySnapshot, read_cgroup_memory, snapshot
+from dynnet_ros.cli import main as cli_main
+from dynnet_ros.graph_config import EXECUTABLES, default_config_path, load_graph, node_command, parse_graph
+
+
+def test_vehicle_yaml_is_valid_and_complete():
+    graph = load_graph(default_config_path())
+    assert {n.executable for n in graph.nodes} == set(EXECUTABLES)
+    assert [n.name for n in graph.selected(use_sim=False)] == [n.name for n in graph.nodes if not n.sim]
+    assert graph.node("sensor_sim").sim and not graph.node("lane_node").sim
+    for name in ("lane_node", "pedestrian_node", "depth_node"):
+        params = graph.node(name).parameters
+        assert {"model_path", "backend", "memory_budget_mb", "enabled"} <= set(params)
+
+
+def test_namespaces():
+    from dynnet_ros.graph_config import validate_namespace
+
+    assert validate_namespace("") == "" and validate_namespace("robot1") == "/robot1"
+    assert validate_namespace("/fleet/robot_2") == "/fleet/robot_2"
+    for bad in ("/a b", "/1abc", "//x", "/x/"):
+        with pytest.raises(ValueError, match="bad ROS namespace"):
+            validate_namespace(bad)
+    graph = parse_graph({"nodes": [{"name": "lane_node", "executable": "lane_node"}]})
+    cmd = node_command(graph.nodes[0], "p.yaml", python="py", namespace="robot1")
+    assert "__ns:=/robot1" in cmd and "--params-file" not in cmd  # no parameters: no params file
+
+
+def test_node_command_uses_params_file_and_remappings(tmp_path):
+    graph = parse_graph({"nodes": [{"name": "front_lane", "executable": "lane_node",
+                                    "parameters": {"lane_threshold": 0.7},
+                                    "remappings": {"/camera/image_raw": "/front/image"}}]})
+    node = graph.nodes[0]
+    cmd = node_command(node, tmp_path / "p.yaml", python="python3")
+    assert cmd[:3] == ["python3", "-m", "dynnet_ros.nodes.lane_node"]
+    assert "__node:=front_lane" in cmd and "/camera/image_raw:=/front/image" in cmd
+    assert cmd[cmd.index("--params-file") + 1] == str(tmp_path / "p.yaml")
+    assert node.params_file_data() == {"/**": {"ros__parameters": {"lane_threshold": 0.7}}}
+
+
+@pytest.mark.parametrize("data,reason", [
+    ([], "mapping with a 'nodes' list"),
+    ({"nodes": []}, "non-empty list"),
+    ({"nodes": [{"name": "a", "executable": "nope"}]}, "unknown executable"),
+    ({"nodes": [{"name": "a b", "executable": "lane_node"}]}, "ROS node name"),
+    ({"nodes": [{"name": "a", "executable": "lane_node"}, {"name": "a", "executable": "depth_node"}]}, "twice"),
+    ({"nodes": [{"name": "a", "executable": "lane_node", "parameters": {"x": {"y": 1}}}]}, "parameter 'x'"),
+    ({"nodes": [{"name": "a", "executable": "lane_node", "parameters": {"x": [1, "a"]}}]}, "parameter 'x'"),
+    ({"nodes": [{"name": "a", "executable": "lane_node", "colour": "red"}]}, "unknown key"),
+    ({"nodes": [{"name": "a", "executable": "lane_node", "sim": "yes"}]}, "'sim' must be"),
+    ({"nodes": [{"name": "a", "executable": "lane_node", "remappings": {"/a": "not a topic"}}]}, "bad remapping"),
+    ({"nodes": [], "extra": 1}, "unknown top-level"),
+])
+def test_bad_graph_configs_name_the_problem(data, reason):
+    with pytest.raises(ValueError, match=reason):
+        parse_graph(data, "cfg.yaml")
+
+
+def test_load_graph_reports_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ValueError, match="not found"):
+        load_graph(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("nodes: [a, b\n")
+    with pytest.raises(ValueError, match="not valid YAML"):
+        load_graph(bad)
+
+
+def test_dynnet_up_rejects_bad_config_with_exit_2(tmp_path, capsys):
+    bad = tmp_path / "g.yaml"
+    bad.write_text(yaml.safe_dump({"nodes": [{"name": "x", "executable": "teleport"}]}))
+    assert cli_main(["up", "--config", str(bad), "--duration", "1"]) == 2
+    assert "unknown executable 'teleport'" in capsys.readouterr().err
+    assert cli_main(["up", "--duration", "-1"]) == 2
+
+
+def test_memory_snapshot_reads_this_process():
+    snap = snapshot([os.getpid(), 2**22 + 12345])  # the second pid does not exist
+    assert isinstance(snap, MemorySnapshot)
+    assert 0 < snap.available_bytes <= snap.total_bytes
+    assert snap.used_bytes == snap.total_bytes - snap.available_bytes
+    assert list(snap.rss_bytes) == [os.getpid()] and snap.rss_bytes[os.getpid()] > 10 * 2**20
+    assert snap.effective_available_bytes <= snap.available_bytes
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="cgroup v2 files exist on Linux only")
+def test_cgroup_v2_reader_on_a_fake_hierarchy(tmp_path):
+    with open("/proc/self/cgroup") as f:
+        unified = [line.strip()[3:] for line in f if line.startswith("0::")]
+    group = tmp_path / unified[0].lstrip("/") if unified else tmp_path
+    group.mkdir(parents=True, exist_ok=True)
+    (group / "memory.current").write_text("123456\n")
+    (group / "memory.max").write_text("1048576000\n")
+    assert read_cgroup_memory(tmp_path) == (1048576000, 123456)
+    (group / "memory.max").write_text("max\n")
+    assert read_cgroup_memory(tmp_path) == (None, 123456)
+    snap = MemorySnapshot(0.0, 100, 80, 20, cgroup_limit_bytes=50, cgroup_current_bytes=45)
+    assert snap.effective_available_bytes == 5
+
+
+def test_demo_summary_and_plot_from_recorded_diagnostics(tmp_path):
+    import threading
+    from types import SimpleNamespace
+
+    from dynnet_ros.commands.demo import Series, plot, summarize
+
+    samples = []
+    for i in range(11):  # 10 s at 1 Hz, 4 frames per second, camera switching at t = 5
+        camera = "320x240" if i < 5 else "1280x720"
+        samples.append({"t": float(i), "level": 0, "task": "lane", "frames_processed": 4 * i, "frames_received": 5 * i,
+                        "frames_dropped": i, "frames_failed": 0, "latency_p50_ms": 50.0 + i,
+                        "latency_p95_ms": 80.0 + i, "latency_last_ms": 40.0 if i < 5 else 90.0,
+                        "input_shape": "1x3x256x320" if i < 5 else "1x3x384x640", "camera_resolution": camera,
+                        "rss_mb": 200.0 + i, "model_path": "/m/lane.onnx", "backend": "cpu"})
+    recorder = SimpleNamespace(lock=threading.Lock(), series={"lane_node": Series("lane", samples)},
+                               memory=[{"t": 1.0, "available_mb": 1000.0, "rss_mb.sensor_sim": 90.0}],
+                               camera=[{"t": 0.0, "camera_resolution": "320x240"},
+                                       {"t": 5.0, "camera_resolution": "1280x720"}])
+    summary = summarize(recorder, 10.0, {"lane_node": 0})
+    lane = summary["models"]["lane_node"]
+    assert lane["mean_hz"] == pytest.approx(4.0)
+    assert lane["latency_p50_ms"] == 60.0 and lane["rss_mb_max"] == 210.0
+    assert lane["latency_median_ms_by_camera_resolution"] == {"1280x720": 90.0, "320x240": 40.0}
+    assert lane["input_shapes_seen"] == ["1x3x256x320", "1x3x384x640"]
+    assert summary["system_available_mb_min"] == 1000.0
+    plot(recorder, tmp_path / "demo.png")
+    assert (tmp_path / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
