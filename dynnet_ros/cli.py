@@ -27,7 +27,9 @@ def _command_modules() -> list[ModuleType]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dynnet", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="dynnet",
+        description="Analyse, plan, benchmark and run dynamic-shape DNNs under a memory budget (dynnet_ros).")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in _command_modules():
         cmd = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
