@@ -21,6 +21,7 @@ help:
 	@echo "make bench  - run the benchmarks under bench/"
 
 $(VENV)/.stamp: requirements.txt requirements-dev.txt setup.py package.xml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dynnet_ros needs Python >= 3.11 (onnxruntime 1.32 has no wheels for older ones); run: make PYTHON=python3.11 ...")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=24"
 	$(PY) -m pip install --quiet -r requirements-dev.txt

@@ -26,6 +26,7 @@ setup(
     ],
     # Runtime Python deps (pinned in requirements.txt; package.xml lists the rosdep keys).
     install_requires=["setuptools", "numpy", "onnx", "onnxruntime", "PyYAML", "psutil", "rich", "matplotlib"],
+    python_requires=">=3.11",
     zip_safe=True,
     maintainer="dynnet_ros maintainers",
     maintainer_email="maintainers@dynnet-ros.dev",
