@@ -93,3 +93,13 @@ def weight_bytes(proto: onnx.ModelProto) -> int:
         itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type)).itemsize
         total += count * itemsize
     return total
+
+
+def pin_input_dims(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
+    """Set the named graph inputs' dims to concrete sizes, in place (for shape inference at one size)."""
+    for value in model.graph.input:
+        if value.name in shapes:
+            for dim, size in zip(value.type.tensor_type.shape.dim, shapes[value.name]):
+                dim.Clear()
+                dim.dim_value = int(size)
+    return model

@@ -13,6 +13,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, shape_inference
 
+from dynnet_ros.engine.model_io import pin_input_dims
+
 #: Initializers at or below this size stay inside the skeleton (shape constants, scales, small
 #: biases): swapping them would cost more in bookkeeping than the bytes are worth, and some of
 #: them (Reshape targets, Resize scales) must be visible to onnxruntime's graph optimiser.
@@ -141,14 +143,7 @@ def external_stub(init: TensorProto, location: str, offset: int | None = None) -
 
 def fixed_input_model(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
     """A copy with the given input shapes pinned (for shape inference at one concrete size)."""
-    pinned = light_model(model)
-    for value in pinned.graph.input:
-        if value.name in shapes:
-            dims = value.type.tensor_type.shape.dim
-            for dim, size in zip(dims, shapes[value.name]):
-                dim.Clear()
-                dim.dim_value = int(size)
-    return pinned
+    return pin_input_dims(light_model(model), shapes)
 
 
 def infer_shapes(model: onnx.ModelProto) -> dict[str, tuple[tuple[int | None, ...] | None, np.dtype]]:

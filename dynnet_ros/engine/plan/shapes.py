@@ -13,6 +13,8 @@ from typing import Iterable, Mapping, Protocol
 
 import onnx
 
+from dynnet_ros.engine.model_io import pin_input_dims
+
 log = logging.getLogger(__name__)
 
 Shape = tuple[int, ...]
@@ -97,12 +99,7 @@ class InferredShapes:
         pinned = onnx.ModelProto()
         pinned.CopyFrom(self._model)
         # Inference needs no weights' values beyond small shape constants; big ones stay (rarely used).
-        for value in pinned.graph.input:
-            if value.name in input_shapes:
-                dims = value.type.tensor_type.shape.dim
-                for d, size in zip(dims, input_shapes[value.name]):
-                    d.Clear()
-                    d.dim_value = int(size)
+        pin_input_dims(pinned, input_shapes)
         inferred = self._infer(pinned)
         out: dict[str, Shape | None] = {}
         for name in names:
