@@ -6,6 +6,7 @@ comparison and as a fallback for models the planner cannot cut.
 from __future__ import annotations
 
 import logging
+import subprocess
 
 import onnx
 
@@ -14,10 +15,24 @@ from dynnet_ros.engine.backends.cpu import OrtExecutor
 log = logging.getLogger(__name__)
 
 
-def create_planned_executor(model: onnx.ModelProto, *, threads: int | None = None):
-    """A PlannedExecutor, or the plain executor (with a warning) if planning this model fails."""
+def create_planned_executor(model: onnx.ModelProto, *, threads: int | None = None, layout: str = "nchwc"):
+    """A PlannedExecutor, or the plain executor (with a warning) if planning this model fails.
+
+    ``layout="nchwc"`` plans onnxruntime's blocked-layout rewrite of the model (engine/plan/layout.py:
+    its fast NCHWc kernels without reorder buffers at segment borders); where that rewrite is
+    unavailable (no NCHWc kernels on this CPU, rewrite or planning fails) the model is planned as given.
+    """
     from dynnet_ros.engine.plan.executor import PlannedExecutor, PlannerOptions
 
+    if layout == "nchwc":
+        from dynnet_ros.engine.plan.layout import laid_out_skeleton
+
+        try:
+            laid_out, _ = laid_out_skeleton(model)
+            return PlannedExecutor(laid_out, PlannerOptions(threads=threads, optimization_level="basic",
+                                                            nchwc_max_bytes=0, layout="nchwc"))
+        except (ValueError, OSError, subprocess.SubprocessError) as exc:
+            log.info("NCHWc layout not used for this model (%s); planning the model as given", exc)
     try:
         return PlannedExecutor(model, PlannerOptions(threads=threads))
     except ValueError as exc:

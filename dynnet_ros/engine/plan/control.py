@@ -10,7 +10,7 @@ the parent's arena slots for the ``If`` outputs.
 from __future__ import annotations
 
 import logging
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -22,11 +22,13 @@ log = logging.getLogger(__name__)
 
 
 def branch_model(branch: onnx.GraphProto, parent: GraphIndex, skeleton: onnx.ModelProto,
-                 weights: Mapping[str, np.ndarray], ranks: Mapping[str, int]) -> onnx.ModelProto:
-    """A standalone model for one branch: outer-scope activations become inputs (symbolic dims)."""
+                 weights: Mapping[str, np.ndarray], ranks: Mapping[str, int],
+                 formal: Sequence[onnx.ValueInfoProto] = ()) -> onnx.ModelProto:
+    """A standalone model for one branch or body: outer-scope activations become inputs (symbolic
+    dims) after ``formal`` (a Loop body's own inputs, as the caller typed them)."""
     outer = sorted(outer_scope_inputs(branch))
     skeleton_inits = {t.name: t for t in skeleton.graph.initializer}
-    inputs, inits = [], []
+    inputs, inits = list(formal), []
     for k, name in enumerate(outer):
         if name in skeleton_inits:
             inits.append(numpy_helper.from_array(weights[name], name) if name in weights else skeleton_inits[name])

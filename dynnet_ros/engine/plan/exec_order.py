@@ -500,6 +500,25 @@ def _sink_sources(g: _Graph, order: Sequence[int]) -> list[int]:
     return out
 
 
+def _as_late_as_possible(g: _Graph, order: Sequence[int]) -> list[int]:
+    """Move every node to just before its first consumer, last nodes first.
+
+    Why: the greedy rules schedule cheap side chains as soon as they are ready — depth's LiDAR
+    densification (four full-resolution maps used only by the output head) then ran before the
+    encoder and lived through it (+4.7 MB at 640x640). Moving a node later never breaks topology
+    (its inputs stay before it); whether it lowers the peak is left to the simulation.
+    """
+    out = list(order)
+    for v in reversed(list(order)):
+        users = [c for t in g.outs[v] for c in g.consumers[t]]
+        if not users or any(g.is_output[t] for t in g.outs[v]):
+            continue
+        out.remove(v)
+        first = min(out.index(c) for c in users)
+        out.insert(first, v)
+    return out
+
+
 def _window_improve(g: _Graph, order: list[int], window: int, max_states: int) -> list[int]:
     """Re-solve consecutive windows of ``order`` exactly; each window's end state is the
     same, so the peak never increases."""
@@ -584,6 +603,10 @@ def _heuristic(g: _Graph, input_order: list[int], window: int, max_states: int) 
         pk = _simulate(g, cand)[1]
         if pk < best_peak:
             best, best_peak, method = cand, pk, "heuristic"
+    delayed = _as_late_as_possible(g, best)  # greedy rules pull cheap side chains forward
+    pk = _simulate(g, delayed)[1]
+    if pk < best_peak:
+        best, best_peak, method = delayed, pk, "heuristic"
     if window > 1:
         improved = _window_improve(g, best, window, max_states)
         pk = _simulate(g, improved)[1]

@@ -61,12 +61,13 @@ class PlannerOptions:
     # peak at 192 KiB). Process-wide; costs a page fault per touched page of big allocations.
     mmap_threshold: int | None = 128 * 1024
     spinning: bool = False                 # let each segment's idle worker threads spin (see _session_options)
-    plan_branches: bool = True             # If: run the taken branch as its own plan (plan/control.py)
+    plan_branches: bool = True             # If: taken branch / Loop: body per iteration, as own plans (control.py, loop.py)
     light_segment_threads: int | None = 1  # threads for segments without Conv/Gemm/MatMul (None: same)
     nchwc_max_bytes: int = 2**20           # segments whose tensors stay below this use ORT_ENABLE_ALL (NCHWc)
     nchwc_shared_arena: bool = False       # NCHWc segments' reorder buffers from one shared onnxruntime arena
     in_place: bool = True                  # element-wise segments write over an input that dies there
     global_threads: bool = False           # all segment sessions share onnxruntime's process-wide thread pool
+    layout: str = "as-given"               # "nchwc": the graph is onnxruntime's blocked-layout rewrite (plan/layout.py)
 
 
 _LEVELS = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -98,6 +99,7 @@ class Plan:
     arena_generation: int = -1
     bindings: list = field(default_factory=list)
     runners: list = field(default_factory=list)    # the runner each binding belongs to
+    loose: list = field(default_factory=list)      # per segment: (inputs, outputs) not in the arena, bound per run
     bound_version: object = None                   # the Version the bindings were made for
     uses: int = 0
 
@@ -201,10 +203,14 @@ class PlannedExecutor:
         # the element types) of the original describe every tensor of the simplified graph.
         self.shape_source: ShapeSource = make_shape_source(skeleton, use_rdp=opts.use_rdp)
         original_types = GraphIndex.build(skeleton).elem_types
+        rdp = getattr(getattr(self.shape_source, "rdp", None), "result", None)
+        if rdp is not None:  # contrib ops (a laid-out graph) that onnx's inference cannot type
+            for name, info in rdp.tensors.items():
+                if info.dtype and name not in original_types:
+                    original_types[name] = info.dtype
         if opts.simplify:
             from dynnet_ros.engine.plan.simplify import simplify
 
-            rdp = getattr(getattr(self.shape_source, "rdp", None), "result", None)
             skeleton, self.simplify_report = simplify(skeleton, use_rdp=opts.use_rdp and rdp is not None, rdp=rdp,
                                                       weights=weights)
         self.graph = GraphIndex.build(skeleton, original_types, weights)
@@ -244,9 +250,12 @@ class PlannedExecutor:
 
     # ------------------------------------------------------------------ build
     def _build_branch_runners(self, weights: Mapping[str, np.ndarray]) -> dict[int, object]:
-        """If segments whose branches can be planned on their own (else onnxruntime's If runs them)."""
+        """If/Loop segments whose branches/body can be planned on their own (else onnxruntime's
+        If/Loop runs them); plan/control.py, plan/loop.py."""
         from dynnet_ros.engine.plan.control import IfRunner
+        from dynnet_ros.engine.plan.loop import LoopRunner
 
+        kinds = {"If": IfRunner, "Loop": LoopRunner}
         runners: dict[int, object] = {}
         if not self.options.plan_branches:
             return runners
@@ -254,7 +263,7 @@ class PlannedExecutor:
         nested = replace(self.options, versions=False)
         for seg in self.segments:
             node = self.graph.nodes[seg.nodes[0]]
-            if seg.kind != "control" or len(seg.nodes) != 1 or node.op_type != "If":
+            if seg.kind != "control" or len(seg.nodes) != 1 or node.op_type not in kinds:
                 continue
             ranks = {}
             for name in seg.inputs:
@@ -263,9 +272,10 @@ class PlannedExecutor:
                     ranks[name] = len(dims)
             branch_arena = branch_arena or Arena()
             try:
-                runners[seg.index] = IfRunner(node, self.graph, self.skeleton, weights, ranks, nested, branch_arena)
+                runners[seg.index] = kinds[node.op_type](node, self.graph, self.skeleton, weights, ranks, nested,
+                                                         branch_arena)
             except ValueError as exc:
-                log.info("If %s stays with onnxruntime's If: %s", node.name, exc)
+                log.info("%s %s stays with onnxruntime's %s: %s", node.op_type, node.name, node.op_type, exc)
         self._branch_arena = branch_arena
         return runners
 
@@ -544,14 +554,17 @@ class PlannedExecutor:
         """Pre-bind every arena tensor of ``plan`` (redone when the arena moves or a version lands)."""
         plan.bindings = []
         plan.runners = []
+        plan.loose = []
         for k, generic in enumerate(self.runners):
             runner = version.runners.get(k, generic) if version is not None else generic
             plan.runners.append(runner)
+            seg = runner.segment
+            plan.loose.append(([n for n in seg.inputs if plan.slots.get(n) is None or plan.slots[n].offset is None],
+                               [n for n in seg.outputs if plan.slots[n].offset is None]))
             if runner.session is None:  # an If planned by its branches: nothing to bind
                 plan.bindings.append(None)
                 continue
             io = runner.session.io_binding()
-            seg = runner.segment
             for name in seg.inputs:
                 slot = plan.slots.get(name)
                 if slot is not None and slot.offset is not None:
@@ -586,7 +599,8 @@ class PlannedExecutor:
         raise RuntimeError(f"input {name!r} was not produced")
 
     def _run(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        feeds = {k: np.ascontiguousarray(v) for k, v in feeds.items()}  # raw pointers are bound below
+        # raw pointers are bound below; np.require keeps 0-d feeds 0-d (a Loop body's iteration number)
+        feeds = {k: np.require(v, requirements="C") for k, v in feeds.items()}
         plan = self.plan_for({k: v.shape for k, v in feeds.items()})
         self.arena.ensure(plan.height)
         version = self.versions.get(plan.signature)
@@ -597,8 +611,11 @@ class PlannedExecutor:
         results: dict[str, np.ndarray] = {}
         dynamic: dict[str, ort.OrtValue] = {}
         graph_outputs = set(self.graph.outputs)
-        for runner, io in zip(plan.runners, plan.bindings):
+        for runner, io, (loose_inputs, loose_outputs) in zip(plan.runners, plan.bindings, plan.loose):
             seg = runner.segment
+            if io is not None and not loose_inputs and not loose_outputs:  # all in the arena, bound once
+                self._run_segment(runner, io, plan)
+                continue
             if io is None:  # If: only the taken branch runs, as its own plan
                 values = {name: self._value(name, plan, feeds, results, dynamic) for name in seg.inputs}
                 views = {name: (self.arena.view(plan.slots[name].offset, plan.slots[name].dtype,
@@ -609,13 +626,11 @@ class PlannedExecutor:
                         views[name] = out[name]
                 produced = self.branch_runners[seg.index].run(values, views)
                 for name, array in produced.items():
-                    if plan.slots[name].offset is None:
+                    slot = plan.slots.get(name)  # None: an output of the If/Loop nobody reads
+                    if slot is not None and slot.offset is None:
                         results[name] = array
                 continue
-            for name in seg.inputs:
-                slot = plan.slots.get(name)
-                if slot is not None and slot.offset is not None:
-                    continue
+            for name in loose_inputs:
                 if name in feeds:
                     value = feeds[name]
                 elif name in results:
@@ -627,10 +642,8 @@ class PlannedExecutor:
                     raise RuntimeError(f"segment {seg.index} input {name!r} was not produced")
                 io.bind_input(name, "cpu", 0, value.dtype, value.shape, value.ctypes.data)
             fresh: list[str] = []
-            for name in seg.outputs:
+            for name in loose_outputs:
                 slot = plan.slots[name]
-                if slot.offset is not None:
-                    continue
                 if slot.shape is not None and name in graph_outputs:
                     given = out.get(name)
                     array = given if given is not None and given.shape == slot.shape and \
@@ -640,11 +653,7 @@ class PlannedExecutor:
                 else:
                     io.bind_output(name, "cpu")  # reset: onnxruntime allocates at the real size
                     fresh.append(name)
-            try:
-                runner.session.run_with_iobinding(io)
-            except Exception as exc:
-                raise ValueError(f"segment {seg.index} failed at input shapes "
-                                 f"{dict(plan.signature)}: {str(exc).strip().splitlines()[0]}") from exc
+            self._run_segment(runner, io, plan)
             if fresh:
                 values = io.get_outputs()
                 for k, name in enumerate(seg.outputs):
@@ -664,6 +673,14 @@ class PlannedExecutor:
                 slot = plan.slots[name]
                 outputs[name] = self.arena.view(slot.offset, slot.dtype, slot.shape).copy()
         return outputs
+
+    @staticmethod
+    def _run_segment(runner, io, plan: Plan) -> None:
+        try:
+            runner.session.run_with_iobinding(io)
+        except Exception as exc:
+            raise ValueError(f"segment {runner.segment.index} failed at input shapes "
+                             f"{dict(plan.signature)}: {str(exc).strip().splitlines()[0]}") from exc
 
     @staticmethod
     def plan_buffers(plan: Plan) -> list[tuple[int, int, int]]:
@@ -699,8 +716,10 @@ class PlannedExecutor:
                 "granularity": self.granularity,
                 "nodes": {"model": self.original_nodes, "executed": len(self.graph.nodes)},
                 "shape_source": self.shape_source.name,
+                "layout": self.options.layout,
             },
             "kernel_versions": self.versions.stats(),
+            "loops": [vars(r.stats) for r in self.branch_runners.values() if hasattr(r, "stats")],
         }
 
     def close(self) -> None:

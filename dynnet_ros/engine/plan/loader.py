@@ -18,6 +18,7 @@ import onnx
 from dynnet_ros.engine.model_io import load_model
 
 EXTERNAL_DIR_KEY = "dynnet_ros.external_data_dir"
+SOURCE_PATH_KEY = "dynnet_ros.source_path"  # the file a weightless skeleton was loaded from
 _MIN_BYTES = 1024
 _INT_TYPES = {onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16, onnx.TensorProto.INT8,
               onnx.TensorProto.UINT8, onnx.TensorProto.BOOL}
@@ -133,6 +134,8 @@ def load_skeleton(path: str | os.PathLike) -> onnx.ModelProto:
         raise ValueError(f"{path} is not a readable ONNX model: {exc}") from exc
     entry = proto.metadata_props.add()
     entry.key, entry.value = EXTERNAL_DIR_KEY, os.path.dirname(os.path.abspath(path))
+    entry = proto.metadata_props.add()
+    entry.key, entry.value = SOURCE_PATH_KEY, os.path.abspath(path)
     load_model(_checkable(proto))  # the same checks (and messages) as a full load
     return proto
 
@@ -153,6 +156,11 @@ def _checkable(proto: onnx.ModelProto) -> onnx.ModelProto:
     if copy.ir_version < 4:
         copy.ir_version = 4
     return copy
+
+
+def source_path(model: onnx.ModelProto) -> str | None:
+    """The model file a skeleton from ``load_skeleton`` came from (None for in-memory models)."""
+    return next((e.value for e in model.metadata_props if e.key == SOURCE_PATH_KEY), None)
 
 
 def external_data_dir(model: onnx.ModelProto) -> str | None:

@@ -37,6 +37,12 @@ log = logging.getLogger(__name__)
 ACTIVATIONS = {"Relu": "Relu", "Sigmoid": "Sigmoid", "Tanh": "Tanh", "LeakyRelu": "LeakyRelu"}
 
 
+def is_onnx(node: onnx.NodeProto, *op_types: str) -> bool:
+    """A default-domain op of one of these types: contrib ops share names (com.microsoft.nchwc Conv
+    works on blocked tensors) and must never match a rewrite written for the ONNX op."""
+    return node.domain in ("", "ai.onnx") and node.op_type in op_types
+
+
 @dataclass
 class SimplifyReport:
     nodes_before: int
@@ -134,15 +140,15 @@ class _Rewriter:
     # -- passes
     def remove_identities(self) -> None:
         for node in list(self.graph.node):
-            if node.op_type == "Identity" and node.input[0] not in self.graph_inputs:
+            if is_onnx(node, "Identity") and node.input[0] not in self.graph_inputs:
                 self.bypass(node, node.input[0], node.output[0], "identity")
 
     def fold_batchnorm(self) -> None:
         consumers = self.consumers()
         for bn in list(self.graph.node):
-            if bn.op_type != "BatchNormalization" or len(bn.output) != 1:
+            if not is_onnx(bn, "BatchNormalization") or len(bn.output) != 1:
                 continue
-            conv = next((n for n in self.graph.node if n.op_type == "Conv" and bn.input[0] in n.output), None)
+            conv = next((n for n in self.graph.node if is_onnx(n, "Conv") and bn.input[0] in n.output), None)
             if conv is None or len(consumers.get(conv.output[0], [])) != 1 or conv.output[0] in self.outputs:
                 continue
             params = [self.const(n) for n in bn.input[1:5]]
@@ -203,7 +209,7 @@ class _Rewriter:
         if self.rdp is None:
             return
         for node in self.graph.node:
-            if node.op_type != "Reshape" or node.input[1] in self.inits:
+            if not is_onnx(node, "Reshape") or node.input[1] in self.inits:
                 continue
             allowzero = next((a.i for a in node.attribute if a.name == "allowzero"), 0)
             target = self.info(node.input[1])
@@ -228,7 +234,7 @@ class _Rewriter:
     def remove_noops(self) -> None:
         for node in list(self.graph.node):
             op = node.op_type
-            if not node.input or not node.output or op not in ("Expand", "Reshape", "Cast", "Slice", "Flatten"):
+            if not node.input or not node.output or not is_onnx(node, "Expand", "Reshape", "Cast", "Slice", "Flatten"):
                 continue
             src, dst = node.input[0], node.output[0]
             a, b = self.dims(src), self.dims(dst)
@@ -253,11 +259,11 @@ class _Rewriter:
         consumers = self.consumers()
         used_domain = False
         for add in list(self.graph.node):
-            if add.op_type != "Add":
+            if not is_onnx(add, "Add"):
                 continue
             for k in (0, 1):
                 conv_out, other = add.input[k], add.input[1 - k]
-                conv = next((n for n in self.graph.node if n.op_type == "Conv" and conv_out in n.output), None)
+                conv = next((n for n in self.graph.node if is_onnx(n, "Conv") and conv_out in n.output), None)
                 if conv is None or len(consumers.get(conv_out, [])) != 1 or conv_out in self.outputs:
                     continue
                 a, b = self.dims(conv_out), self.dims(other)
@@ -269,7 +275,7 @@ class _Rewriter:
                 out = add.output[0]
                 act = None
                 nexts = consumers.get(out, [])
-                if len(nexts) == 1 and nexts[0].op_type == "Relu" and out not in self.outputs:
+                if len(nexts) == 1 and is_onnx(nexts[0], "Relu") and out not in self.outputs:
                     act = nexts[0]
                 x, w = conv.input[0], conv.input[1]
                 bias = conv.input[2] if len(conv.input) > 2 and conv.input[2] else ""
@@ -300,9 +306,9 @@ class _Rewriter:
         consumers = self.consumers()
         fused_any = False
         for act in list(self.graph.node):
-            if act.op_type not in ("Relu", "Sigmoid", "Tanh"):
+            if not is_onnx(act, "Relu", "Sigmoid", "Tanh"):
                 continue
-            conv = next((n for n in self.graph.node if n.op_type == "Conv" and act.input[0] in n.output), None)
+            conv = next((n for n in self.graph.node if is_onnx(n, "Conv") and act.input[0] in n.output), None)
             if conv is None or len(consumers.get(act.input[0], [])) != 1 or act.input[0] in self.outputs:
                 continue
             attrs = {a.name: helper.get_attribute_value(a) for a in conv.attribute}

@@ -21,7 +21,7 @@ from onnx import GraphProto, NodeProto, TensorProto, numpy_helper
 from . import ops  # noqa: F401 - registers every transfer function
 from .expr import Dim, Expr, Sym, exact_div, mul, substitute, sub
 from .lattice import MAX_VALUE_ELEMS, TensorInfo, nac, shaped
-from .registry import CUSTOM, REGISTRY, Ctx, ShapeError
+from .registry import REGISTRY, Ctx, ShapeError, custom_op
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +186,7 @@ class GraphAnalyzer:
         if domain in ("", "ai.onnx"):
             opdef = REGISTRY.get(op)
         else:
-            opdef = CUSTOM.get(op)
+            opdef = custom_op(domain, op)
         ins: list = []
         for x in node.input:
             if not x:

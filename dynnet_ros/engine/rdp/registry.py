@@ -36,13 +36,19 @@ class OpDef:
 
 
 REGISTRY: dict[str, OpDef] = {}
-# custom-domain ops understood by name (the paper's Switch/Combine pair)
+# custom-domain ops understood by name (the paper's Switch/Combine pair), or by "domain:name"
+# where an op type exists in several domains (onnxruntime's com.microsoft.nchwc Conv)
 CUSTOM: dict[str, OpDef] = {}
 
 
+def custom_op(domain: str, op_type: str) -> OpDef | None:
+    """The rule for a non-default-domain op: a domain-specific one first, then by name."""
+    return CUSTOM.get(f"{domain}:{op_type}") or CUSTOM.get(op_type)
+
+
 def register(names: str | list[str], category: str, family: str, note: str = "",
-             custom: bool = False, values_since: int | dict = 0):
-    """Decorator: register ``fn`` for every op type in ``names``."""
+             custom: bool = False, values_since: int | dict = 0, domain: str | None = None):
+    """Decorator: register ``fn`` for every op type in ``names`` (``domain``: only in that domain)."""
     assert category in CATEGORIES
     if isinstance(names, str):
         names = names.split()
@@ -50,7 +56,8 @@ def register(names: str | list[str], category: str, family: str, note: str = "",
     def deco(fn):
         for n in names:
             since = values_since.get(n, 0) if isinstance(values_since, dict) else values_since
-            (CUSTOM if custom else REGISTRY)[n] = OpDef(n, category, family, fn, note, since)
+            key = f"{domain}:{n}" if domain else n
+            (CUSTOM if custom or domain else REGISTRY)[key] = OpDef(n, category, family, fn, note, since)
         return fn
 
     return deco

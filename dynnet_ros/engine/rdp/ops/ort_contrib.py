@@ -1,0 +1,76 @@
+"""onnxruntime's contrib operators that its own graph optimiser writes (com.microsoft.nchwc,
+com.microsoft), so RDP can analyse a graph onnxruntime has already laid out for its NCHWc
+kernels (engine/plan/layout.py) and the planner can place those tensors in its arena.
+
+NCHWc tensors keep a 4-D NCHW *shape* whose channel count is padded to the kernel block size
+(8 with AVX2, 16 with AVX-512); only the memory layout inside differs, so sizes are the
+shape's element count as usual.
+"""
+from __future__ import annotations
+
+from ..expr import Dim, add, floordiv, mul
+from ..lattice import nac, shaped
+from ..registry import Ctx, register
+from ._util import same_shape
+from .nn import conv, gemm, global_pool, pool
+
+NCHWC = "com.microsoft.nchwc"
+MICROSOFT = "com.microsoft"
+
+_block_size: int | None = None
+
+
+def set_nchwc_block_size(size: int | None) -> None:
+    """The NCHWc block size of this machine's kernels (layout.py probes it); None = unknown."""
+    global _block_size
+    _block_size = size
+
+
+def padded_channels(c: Dim) -> Dim:
+    """Channels rounded up to the block size; unknown (None) if the block size is needed but unknown."""
+    if isinstance(c, int) and c % 16 == 0:
+        return c  # a multiple of every block size MLAS uses
+    if _block_size is None or c is None:
+        return None
+    return mul(floordiv(add(c, _block_size - 1), _block_size), _block_size)
+
+
+register("Conv", "ISDOS", "conv", domain=NCHWC)(conv)
+register("MaxPool AveragePool", "ISDOS", "pool", domain=NCHWC)(pool)
+register("GlobalAveragePool GlobalMaxPool", "ISDOS", "pool", domain=NCHWC)(global_pool)
+register("FusedConv", "ISDOS", "conv", domain=MICROSOFT)(conv)
+register("FusedGemm", "ISDOS", "matmul", domain=MICROSOFT)(gemm)
+
+
+@register("Gelu FastGelu BiasGelu QuickGelu", "ISDOS", "elementwise", domain=MICROSOFT)
+def gelu(ctx: Ctx) -> list:
+    return [same_shape(ctx)]
+
+
+@register("Upsample", "ISDOS", "resize", domain=NCHWC)
+def nchwc_upsample(ctx: Ctx) -> list:
+    x = ctx.inp(0)
+    scales = ctx.attr("scales")
+    if x is None or x.dims is None or not scales or len(scales) != len(x.dims):
+        return [nac("input rank or scales unknown", x.dtype if x else 0)]
+    return [shaped(tuple(mul(d, int(s)) for d, s in zip(x.dims, scales)), x.dtype)]
+
+
+@register("ReorderInput", "ISDOS", "layout", domain=NCHWC)
+def reorder_input(ctx: Ctx) -> list:
+    x = ctx.inp(0)
+    if x is None or x.dims is None or len(x.dims) != 4:
+        return [nac("ReorderInput needs a 4-D input", x.dtype if x else 0)]
+    n, c, h, w = (x.dims[0], x.dims[3], x.dims[1], x.dims[2]) if ctx.attr("channels_last", 0) else x.dims
+    return [shaped((n, padded_channels(c), h, w), x.dtype)]
+
+
+@register("ReorderOutput", "ISDOS", "layout", domain=NCHWC)
+def reorder_output(ctx: Ctx) -> list:
+    x = ctx.inp(0)
+    channels = ctx.attr("channels")
+    if x is None or x.dims is None or len(x.dims) != 4 or channels is None:
+        return [nac("ReorderOutput needs a 4-D input and its channels", x.dtype if x else 0)]
+    n, _, h, w = x.dims
+    dims = (n, h, w, channels) if ctx.attr("channels_last", 0) else (n, channels, h, w)
+    return [shaped(dims, x.dtype)]
