@@ -159,3 +159,12 @@ def test_a_model_onnxruntime_cannot_rewrite_is_reported(tmp_path):
     path.write_bytes(b"\x08\x07not a model")
     with pytest.raises(ValueError, match="could not lay out"):
         nchwc_layout(path)
+
+
+@needs_nchwc
+def test_a_damaged_cache_entry_is_rebuilt(tmp_path):
+    path = _residual_chain(tmp_path / "residual.onnx")
+    first = nchwc_layout(path)
+    first.path.write_bytes(first.path.read_bytes()[:100])  # truncated, as after a full disk
+    skeleton, laid = laid_out_skeleton(load_for_backend("cpu", path))
+    assert laid.path == first.path and any(n.domain == "com.microsoft.nchwc" for n in skeleton.graph.node)

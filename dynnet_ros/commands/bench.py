@@ -205,23 +205,32 @@ def run_worker(config: dict, timeout_s: float = 1800) -> dict:
 
 # ---------------------------------------------------------------------------------- reports
 def node_counts(model_path: str, threads: int | None) -> dict:
-    """Nodes in the model, after our simplification, and in onnxruntime's EXTENDED-optimised graph."""
+    """Nodes in the model, in the graph the engine executes (after onnxruntime's layout rewrite
+    where used, and our simplification), and in onnxruntime's own EXTENDED-optimised graph."""
     import onnx
     import onnxruntime as ort
 
     from dynnet_ros.engine.backends.cpu import session_options
-    from dynnet_ros.engine.plan.simplify import simplify
+    from dynnet_ros.engine.backends.cpu_planned import create_planned_executor
+    from dynnet_ros.engine.backends.registry import load_for_backend
 
-    model = onnx.load(model_path)
-    simplified, report = simplify(model)
+    skeleton = load_for_backend("cpu", model_path)
+    executor = create_planned_executor(skeleton, threads=1, versions=False)
+    try:
+        graph = getattr(executor, "graph", None)
+        report = getattr(executor, "simplify_report", None)
+        executed = len(graph.nodes) if graph is not None else None
+        layout = executor.options.layout if hasattr(executor, "options") else "plain onnxruntime"
+    finally:
+        executor.close()
     with tempfile.TemporaryDirectory() as tmp:
         options = session_options(threads)
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         options.optimized_model_filepath = str(Path(tmp, "opt.onnx"))
         ort.InferenceSession(model_path, sess_options=options, providers=["CPUExecutionProvider"])
         ort_nodes = len(onnx.load(options.optimized_model_filepath, load_external_data=False).graph.node)
-    return {"original": len(model.graph.node), "ours_simplified": report.nodes_after,
-            "ort_extended": ort_nodes, "simplify": report.to_json()}
+    return {"original": len(skeleton.graph.node), "ours_executed": executed, "layout": layout,
+            "ort_extended": ort_nodes, "simplify": report.to_json() if report is not None else None}
 
 
 def _median_side(runs: list[dict]) -> dict:
@@ -273,7 +282,7 @@ def _table(result: dict) -> str:
         fb = "-" if b is None else f"{b:12.2f}"
         lines.append(f"{label:30s} {fa:>12s} {fb:>12s}")
     if nodes:
-        lines.append(f"{'nodes (model ' + str(nodes['original']) + ')':30s} {nodes['ours_simplified']:12d} "
+        lines.append(f"{'nodes (model ' + str(nodes['original']) + ')':30s} {nodes['ours_executed'] or 0:12d} "
                      f"{nodes['ort_extended']:12d}")
     r = result["ratios"]
     lines.append(f"ratios engine/ort: peak {r['peak']:.2f}, mean {r['mean_latency']:.2f}, p95 {r['p95_latency']:.2f}, "

@@ -17,6 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "dynamic dim at the planner's reference size")
     parser.add_argument("--granularity", choices=("choose", "auto", "fine", "coarse"), default="choose",
                         help="choose: the planner picks auto or fine by arena lower bound + session cost")
+    parser.add_argument("--layout", choices=("nchwc", "as-given"), default="nchwc",
+                        help="nchwc (what Engine runs where the CPU has NCHWc kernels): plan onnxruntime's "
+                             "blocked-layout rewrite; as-given: plan the model's own graph")
     parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
     parser.add_argument("--order", action="store_true", help="print the full node execution order")
 
@@ -37,16 +40,21 @@ def parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def build_report(model_spec: str, shapes: dict[str, tuple[int, ...]], granularity: str = "choose") -> dict:
+def build_report(model_spec: str, shapes: dict[str, tuple[int, ...]], granularity: str = "choose",
+                 layout: str = "nchwc") -> dict:
     from dynnet_ros.zoo import resolve_model_spec
+    from dynnet_ros.engine.backends.cpu_planned import create_planned_executor
     from dynnet_ros.engine.backends.registry import load_for_backend
-    from dynnet_ros.engine.plan.executor import PlannedExecutor, PlannerOptions, _reference_shapes
+    from dynnet_ros.engine.plan.executor import PlannedExecutor, _reference_shapes
     from dynnet_ros.engine.plan.graph import node_name
     from dynnet_ros.engine.plan.memory_plan import greedy_by_size
 
     path = resolve_model_spec(model_spec)
-    executor = PlannedExecutor(load_for_backend("cpu", path),
-                               PlannerOptions(granularity=granularity, versions=False))
+    skeleton = load_for_backend("cpu", path)
+    executor = create_planned_executor(skeleton, layout=layout, granularity=granularity, versions=False)
+    if not isinstance(executor, PlannedExecutor):
+        executor.close()
+        raise ValueError(f"the planned engine cannot run {path}; Engine would fall back to plain onnxruntime")
     try:
         graph = executor.graph
         if not shapes:
@@ -64,7 +72,10 @@ def build_report(model_spec: str, shapes: dict[str, tuple[int, ...]], granularit
             "input_shapes": {k: list(v) for k, v in shapes.items()},
             "shape_source": executor.shape_source.name,
             "simplify": report,
-            "nodes": {"model": executor.original_nodes, "executed": len(graph.nodes)},
+            "nodes": {"model": len(skeleton.graph.node), "planned_graph": executor.original_nodes,
+                      "executed": len(graph.nodes),
+                      "nchwc": sum(1 for n in graph.nodes if n.domain == "com.microsoft.nchwc")},
+            "layout": executor.options.layout,
             "granularity": executor.granularity,
             "partitions": [s.describe(graph) for s in executor.segments],
             "order": [node_name(graph.nodes[n], n) for n in executor.order],
@@ -104,6 +115,10 @@ def _ort_extended_nodes(path: str) -> int | None:
 def _print(report: dict, show_order: bool) -> None:
     simp, mem = report["simplify"], report["memory_plan"]
     print(f"model {report['model']}  (shapes from {report['shape_source']})")
+    nodes = report["nodes"]
+    print(f"layout: {report['layout']}" + (f" (onnxruntime's rewrite: {nodes['planned_graph']} nodes, "
+                                           f"{nodes['nchwc']} on its NCHWc kernels)"
+                                           if report["layout"] == "nchwc" else ""))
     print(f"nodes: {report['nodes']['model']} in the model -> {report['nodes']['executed']} executed "
           f"(onnxruntime's own EXTENDED graph: {report['simplify'].get('ort_extended_nodes')})")
     if simp:
@@ -126,7 +141,7 @@ def _print(report: dict, show_order: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    report = build_report(args.model, parse_shapes(args.input_shape), args.granularity)
+    report = build_report(args.model, parse_shapes(args.input_shape), args.granularity, args.layout)
     _print(report, args.order)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))

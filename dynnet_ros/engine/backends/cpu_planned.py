@@ -15,12 +15,14 @@ from dynnet_ros.engine.backends.cpu import OrtExecutor
 log = logging.getLogger(__name__)
 
 
-def create_planned_executor(model: onnx.ModelProto, *, threads: int | None = None, layout: str = "nchwc"):
+def create_planned_executor(model: onnx.ModelProto, *, threads: int | None = None, layout: str = "nchwc",
+                            **options):
     """A PlannedExecutor, or the plain executor (with a warning) if planning this model fails.
 
     ``layout="nchwc"`` plans onnxruntime's blocked-layout rewrite of the model (engine/plan/layout.py:
     its fast NCHWc kernels without reorder buffers at segment borders); where that rewrite is
-    unavailable (no NCHWc kernels on this CPU, rewrite or planning fails) the model is planned as given.
+    unavailable (no NCHWc kernels on this CPU, rewrite or planning fails) the model is planned as
+    given. ``options``: further PlannerOptions fields (tools and benchmarks).
     """
     from dynnet_ros.engine.plan.executor import PlannedExecutor, PlannerOptions
 
@@ -30,11 +32,13 @@ def create_planned_executor(model: onnx.ModelProto, *, threads: int | None = Non
         try:
             laid_out, _ = laid_out_skeleton(model)
             return PlannedExecutor(laid_out, PlannerOptions(threads=threads, optimization_level="basic",
-                                                            nchwc_max_bytes=0, layout="nchwc"))
+                                                            nchwc_max_bytes=0, layout="nchwc", **options))
         except (ValueError, OSError, subprocess.SubprocessError) as exc:
             log.info("NCHWc layout not used for this model (%s); planning the model as given", exc)
+    elif layout != "as-given":
+        raise ValueError(f"unknown layout {layout!r} (nchwc | as-given)")
     try:
-        return PlannedExecutor(model, PlannerOptions(threads=threads))
+        return PlannedExecutor(model, PlannerOptions(threads=threads, **options))
     except ValueError as exc:
         log.warning("planned engine unavailable for this model (%s); using plain onnxruntime", exc)
         return OrtExecutor(model, threads=threads)

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,6 +27,8 @@ from pathlib import Path
 
 import onnx
 import onnxruntime as ort
+
+log = logging.getLogger(__name__)
 
 LAYOUT_VERSION = 4
 _META = "layout.json"
@@ -122,17 +126,22 @@ def laid_out_skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, LaidOutM
     from dynnet_ros.engine.rdp.ops.ort_contrib import set_nchwc_block_size
 
     source = source_path(model)
-    if source is not None:
+    with tempfile.TemporaryDirectory() as work:
+        if source is None:
+            source = str(Path(work) / "model.onnx")
+            onnx.save(model, source)
         laid = nchwc_layout(source)
-    else:
-        with tempfile.TemporaryDirectory() as work:
-            path = Path(work) / "model.onnx"
-            onnx.save(model, path)
-            laid = nchwc_layout(path)
-    if laid.nchwc_nodes == 0:
-        raise ValueError("onnxruntime uses no NCHWc kernels for this model on this CPU")
+        if laid.nchwc_nodes == 0:
+            raise ValueError("onnxruntime uses no NCHWc kernels for this model on this CPU")
+        try:
+            skeleton = load_skeleton(laid.path)
+        except ValueError as exc:  # a damaged cache entry (truncated copy, disk full): rebuild it once
+            log.warning("layout cache %s is unreadable (%s); rebuilding it", laid.path.parent, exc)
+            shutil.rmtree(laid.path.parent, ignore_errors=True)
+            laid = nchwc_layout(source)
+            skeleton = load_skeleton(laid.path)
     set_nchwc_block_size(laid.block_size)
-    return load_skeleton(laid.path), laid
+    return skeleton, laid
 
 
 def _read_cached(folder: Path) -> LaidOutModel | None:
