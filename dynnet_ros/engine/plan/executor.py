@@ -202,18 +202,18 @@ class PlannedExecutor:
         # Analyse the model as given: simplification keeps tensor names, so the analysis (and
         # the element types) of the original describe every tensor of the simplified graph.
         self.shape_source: ShapeSource = make_shape_source(skeleton, use_rdp=opts.use_rdp)
-        original_types = GraphIndex.build(skeleton).elem_types
         rdp = getattr(getattr(self.shape_source, "rdp", None), "result", None)
-        if rdp is not None:  # contrib ops (a laid-out graph) that onnx's inference cannot type
-            for name, info in rdp.tensors.items():
-                if info.dtype and name not in original_types:
-                    original_types[name] = info.dtype
+        # RDP types every tensor it analyses (contrib ops of a laid-out graph included); onnx's
+        # shape inference is only run when it does not (it keeps onnx's library resident)
+        rdp_types = {name: info.dtype for name, info in rdp.tensors.items() if info.dtype} if rdp else {}
+        infer = not all(o in rdp_types for node in skeleton.graph.node for o in node.output if o)
+        original_types = GraphIndex.build(skeleton, rdp_types, infer=infer).elem_types
         if opts.simplify:
             from dynnet_ros.engine.plan.simplify import simplify
 
             skeleton, self.simplify_report = simplify(skeleton, use_rdp=opts.use_rdp and rdp is not None, rdp=rdp,
                                                       weights=weights)
-        self.graph = GraphIndex.build(skeleton, original_types, weights)
+        self.graph = GraphIndex.build(skeleton, original_types, weights, infer=infer)
         self._lock = threading.Lock()
         # In-memory weights (file-backed ones stay in the file) go to the sessions as OrtValues.
         self._weight_arrays = weights

@@ -70,10 +70,11 @@ class GraphIndex:
 
     @classmethod
     def build(cls, model: onnx.ModelProto, type_hints: dict[str, int] | None = None,
-              weights: dict[str, np.ndarray] | None = None) -> "GraphIndex":
-        """``type_hints``: element types known from elsewhere (e.g. the model before simplification,
-        for tensors whose producer became a contrib op onnx cannot infer). ``weights``: values of
-        the placeholder initializers of a skeleton model (see split_weights)."""
+              weights: dict[str, np.ndarray] | None = None, infer: bool = True) -> "GraphIndex":
+        """``type_hints``: element types known from elsewhere (RDP, or the model before
+        simplification, for tensors whose producer became a contrib op onnx cannot infer).
+        ``weights``: values of the placeholder initializers of a skeleton model (see
+        split_weights). ``infer=False`` skips onnx shape inference (the hints type everything)."""
         index = cls(model)
         index.weights = weights or {}
         graph = model.graph
@@ -86,15 +87,17 @@ class GraphIndex:
                     index.producer[name] = i
             for name in node_inputs(node):
                 index.consumers.setdefault(name, []).append(i)
-        index._infer_types(type_hints or {})
+        index._infer_types(type_hints or {}, infer)
         return index
 
-    def _infer_types(self, hints: dict[str, int]) -> None:
+    def _infer_types(self, hints: dict[str, int], infer: bool = True) -> None:
         """Element types of every tensor (shape-independent, so inference on the raw model is enough)."""
-        try:
-            inferred = onnx.shape_inference.infer_shapes(self.model, strict_mode=False)
-        except Exception:  # a model onnx cannot infer still runs; unknown types are simply skipped
-            inferred = self.model
+        inferred = self.model
+        if infer:
+            try:
+                inferred = onnx.shape_inference.infer_shapes(self.model, strict_mode=False)
+            except Exception:  # a model onnx cannot infer still runs; unknown types are simply skipped
+                pass
         values = list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)
         for value in values:
             if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:

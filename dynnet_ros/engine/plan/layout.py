@@ -68,12 +68,10 @@ def cache_root() -> Path:
 
 
 def _digest(source: Path) -> str:
-    digest = hashlib.sha256()
-    with open(source, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    digest.update(f"|ort={ort.__version__}|block={cpu_block_size()}|v={LAYOUT_VERSION}".encode())
-    return digest.hexdigest()[:20]
+    from dynnet_ros.engine.plan.model_check import file_digest
+
+    key = f"{file_digest(source)}|ort={ort.__version__}|block={cpu_block_size()}|v={LAYOUT_VERSION}"
+    return hashlib.sha256(key.encode()).hexdigest()[:20]
 
 
 def nchwc_layout(source: str | os.PathLike, *, timeout_s: float = 600) -> LaidOutModel:

@@ -122,9 +122,8 @@ def skeleton_bytes(path: str) -> bytes:
         return bytes(out)
 
 
-def load_skeleton(path: str | os.PathLike) -> onnx.ModelProto:
-    """A checked, weightless ModelProto for ``path`` (ValueError on unreadable / invalid models)."""
-    path = os.fspath(path)
+def skeleton_proto(path: str) -> onnx.ModelProto:
+    """The weightless ModelProto of ``path``, not yet checked (ValueError if it is no protobuf)."""
     if not os.path.isfile(path):
         raise ValueError(f"model file not found: {path}")
     try:
@@ -136,7 +135,25 @@ def load_skeleton(path: str | os.PathLike) -> onnx.ModelProto:
     entry.key, entry.value = EXTERNAL_DIR_KEY, os.path.dirname(os.path.abspath(path))
     entry = proto.metadata_props.add()
     entry.key, entry.value = SOURCE_PATH_KEY, os.path.abspath(path)
-    load_model(_checkable(proto))  # the same checks (and messages) as a full load
+    return proto
+
+
+def check_skeleton(proto: onnx.ModelProto) -> None:
+    """onnx's checks (and messages) as for a full load; ValueError if the model is invalid."""
+    load_model(_checkable(proto))
+
+
+def load_skeleton(path: str | os.PathLike) -> onnx.ModelProto:
+    """A checked, weightless ModelProto for ``path`` (ValueError on unreadable / invalid models).
+
+    The check runs once per file content, in a child process (plan/model_check.py)."""
+    from dynnet_ros.engine.plan.model_check import check_model_file
+
+    path = os.fspath(path)
+    proto = skeleton_proto(path)
+    check_model_file(path, lambda: check_skeleton(proto))
+    if not proto.graph.output:
+        raise ValueError(f"{path} has no graph outputs")
     return proto
 
 

@@ -71,7 +71,15 @@ class InferredShapes:
         from dynnet_ros.engine.plan.graph import strip_weights
 
         self._model = strip_weights(model)  # inference needs dims and small constants, not weights
-        self._symbolic = self._infer(self._model)
+        self._symbolic_dims: dict[str, list | None] | None = None
+
+    @property
+    def _symbolic(self) -> dict[str, list | None]:
+        """Inferred symbolic dims, computed on first use: with RDP in front they are rarely needed,
+        and running onnx's inference keeps its library resident (see plan/model_check.py)."""
+        if self._symbolic_dims is None:
+            self._symbolic_dims = self._infer(self._model)
+        return self._symbolic_dims
 
     @staticmethod
     def _infer(model: onnx.ModelProto) -> dict[str, list | None]:
@@ -125,6 +133,9 @@ class CombinedShapes:
         self.rdp = rdp
         self.inferred = inferred
         self.name = "rdp+onnx-inference"
+        # Outputs of execution-determined nodes (NonMaxSuppression, NonZero, ...) and everything
+        # computed from them: no static inference knows their shapes, so never ask it.
+        self.execution_determined = _edo_downstream(getattr(rdp.result, "nodes", []))
         # Tensors worth the fallback (set by the planner after sizing at its reference shape):
         # inference costs milliseconds per new signature, so small leftovers are better left
         # to onnxruntime's allocator than paid for on every first run. None = all.
@@ -136,7 +147,7 @@ class CombinedShapes:
     def shapes(self, input_shapes, names):
         names = list(names)
         out = self.rdp.shapes(input_shapes, names)
-        missing = [n for n in names if out.get(n) is None
+        missing = [n for n in names if out.get(n) is None and n not in self.execution_determined
                    and (self.fallback_names is None or n in self.fallback_names)]
         if missing:
             out.update({k: v for k, v in self.inferred.shapes(input_shapes, missing).items() if v is not None})
@@ -144,10 +155,21 @@ class CombinedShapes:
 
     def dims(self, name):
         dims = self.rdp.dims(name)
-        return dims if dims is not None and None not in dims else (self.inferred.dims(name) or dims)
+        if (dims is not None and None not in dims) or name in self.execution_determined:
+            return dims
+        return self.inferred.dims(name) or dims
 
     def category(self, node):
         return self.rdp.category(node)
+
+
+def _edo_downstream(records) -> set[str]:
+    """Tensors produced by an EDO node or computed (transitively) from one."""
+    tainted: set[str] = set()
+    for record in records:  # RDP's records are in topological order
+        if record.category == "EDO" or any(i in tainted for i in record.inputs):
+            tainted.update(o for o in record.outputs if o)
+    return tainted
 
 
 def make_shape_source(model: onnx.ModelProto, use_rdp: bool = True) -> ShapeSource:
