@@ -15,6 +15,7 @@ from dynnet_ros.commands.bench import make_feeds
 from dynnet_ros.engine import Engine
 from dynnet_ros.engine.backends import load_for_backend
 from dynnet_ros.engine.model_io import input_specs, load_model
+from dynnet_ros.engine.plan.control import IfRunner
 from dynnet_ros.engine.plan.executor import PlannedExecutor, PlannerOptions
 from dynnet_ros.engine.plan.simplify import simplify
 from dynnet_ros.zoo import MODEL_NAMES, ensure_model
@@ -83,11 +84,12 @@ def test_if_runs_only_the_taken_branch_through_its_own_plan():
     path = str(ensure_model("gated"))
     executor = PlannedExecutor(load_for_backend("cpu", path), PlannerOptions(threads=1, versions=False))
     try:
-        assert len(executor.branch_runners) == 4
+        if_runners = [r for r in executor.branch_runners.values() if isinstance(r, IfRunner)]
+        assert len(if_runners) == 4
         feeds = {"image": np.zeros((1, 3, 224, 256), dtype=np.float32)}
         gates = _gate_values(path, feeds).ravel()
         _assert_same(executor.run(feeds), _reference(path), feeds, "gated through branch plans")
-        for gate, runner in zip(gates, executor.branch_runners.values()):
+        for gate, runner in zip(gates, if_runners):
             taken, skipped = runner.branches[bool(gate)][0], runner.branches[not bool(gate)][0]
             assert taken.last_plan is not None and skipped.last_plan is None
             assert taken.arena is skipped.arena  # one arena for all branches
@@ -138,6 +140,8 @@ def test_boundary_tensors_live_in_the_arena_without_copies():
         assert planned, "no boundary tensor was planned into the arena"
         # every output onnxruntime produced for a planned tensor sits at its arena offset
         for runner, io in zip(plan.runners, plan.bindings):
+            if io is None:  # run by its own runner (the banded stem writes into the arena itself)
+                continue
             for name, value in zip(runner.segment.outputs, io.get_outputs()):
                 slot = plan.slots[name]
                 if slot.offset is not None:
@@ -361,8 +365,8 @@ def test_planner_chooses_the_cheaper_granularity(engines):
                                  small_bytes=executor.options.small_bytes, granularity=granularity,
                                  category=executor.shape_source.category)
             costs[granularity] = executor._reference_lower_bound(segments) + _SESSION_BYTES * len(segments)
-            if granularity == executor.granularity:
-                assert [s.nodes for s in segments] == [s.nodes for s in executor.segments]
+            if granularity == executor.granularity:  # same cut (a banded stem merges its first segments)
+                assert [n for s in segments for n in s.nodes] == [n for s in executor.segments for n in s.nodes]
         assert costs[executor.granularity] == min(costs.values())
         chosen[name] = executor.granularity
     assert chosen == {"multiexit": "fine", "lane": "auto"}  # 12.5 -> 9.4 MB lower bound vs no gain on lane

@@ -26,7 +26,7 @@ from dynnet_ros.engine.plan.cache import LruCache
 from dynnet_ros.engine.plan.graph import GraphIndex, node_inputs, split_weights
 from dynnet_ros.engine.plan.loader import external_data_dir
 from dynnet_ros.engine.plan.memory_plan import lower_bound, plan_offsets
-from dynnet_ros.engine.plan.partition import Segment, partition, sink_small_nodes
+from dynnet_ros.engine.plan.partition import Segment, describe_segment, partition, sink_small_nodes
 from dynnet_ros.engine.plan.shapes import ShapeSource, make_shape_source
 from dynnet_ros.engine.plan.versions import Version, VersionManager
 
@@ -66,6 +66,9 @@ class PlannerOptions:
     nchwc_max_bytes: int = 2**20           # segments whose tensors stay below this use ORT_ENABLE_ALL (NCHWc)
     nchwc_shared_arena: bool = False       # NCHWc segments' reorder buffers from one shared onnxruntime arena
     in_place: bool = True                  # element-wise segments write over an input that dies there
+    stem_bands: int = 4                    # at least this many row bands for the stem convs (plan/banded.py); 0 = off
+    stem_min_bytes: int = 2**20            # ... when the first conv's output is at least this big (reference shape)
+    stem_min_gain: float = 0.1             # ... and banding lowers the reference arena bound by this fraction
     global_threads: bool = False           # all segment sessions share onnxruntime's process-wide thread pool
     layout: str = "as-given"               # "nchwc": the graph is onnxruntime's blocked-layout rewrite (plan/layout.py)
 
@@ -109,9 +112,10 @@ class SegmentRunner:
 
     def __init__(self, segment: Segment, graph: GraphIndex, skeleton: onnx.ModelProto,
                  weights: Mapping[str, ort.OrtValue], options: ort.SessionOptions,
-                 input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> None:
+                 input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+                 model: onnx.ModelProto | None = None) -> None:
         self.segment = segment
-        model = build_segment_model(segment, graph, skeleton, input_shapes)
+        model = model or build_segment_model(segment, graph, skeleton, input_shapes)
         folder = external_data_dir(skeleton)
         if folder:  # weights referenced in the model file itself: onnxruntime reads them from there
             options.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
@@ -143,7 +147,12 @@ def build_segment_model(segment: Segment, graph: GraphIndex, skeleton: onnx.Mode
     ``input_shapes`` pins the inputs to concrete shapes (a specialised version); otherwise every
     input has an unknown shape and the session is generic.
     """
-    nodes = [graph.nodes[n] for n in segment.nodes]
+    return build_nodes_model([graph.nodes[n] for n in segment.nodes], segment, graph, skeleton, input_shapes)
+
+
+def build_nodes_model(nodes: list[onnx.NodeProto], segment: Segment, graph: GraphIndex, skeleton: onnx.ModelProto,
+                      input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> onnx.ModelProto:
+    """A standalone model running ``nodes`` with ``segment``'s inputs and outputs."""
     weights_used: list[str] = []
     for node in nodes:
         for name in node_inputs(node):
@@ -224,8 +233,11 @@ class PlannedExecutor:
                              for n, shape in _reference_shapes(self.graph, opts.reference_side).items()}
         self.order = self._execution_order()
         self.segments = self._choose_partition()
+        self._stem = self._band_stem()
         self._check_boundary_types()
         self.branch_runners = self._build_branch_runners(weights)
+        if self._stem is not None:
+            self.branch_runners[self._stem] = self._build_banded_runner(self.segments[self._stem])
         in_memory = set(weights)
         self.runners = self._build_runners(weights)
         # onnxruntime copied the in-memory weights into its sessions; ours are no longer needed
@@ -305,6 +317,70 @@ class PlannedExecutor:
             costs[granularity] = (self._reference_lower_bound(segments) + _SESSION_BYTES * len(segments), segments)
         self.granularity = min(costs, key=lambda g: costs[g][0])
         return costs[self.granularity][1]
+
+    def _band_stem(self) -> int | None:
+        """Merge a bandable stem's two conv segments into one banded segment (plan/banded.py);
+        its index, or None. Only where the stem's intermediate is big enough to matter."""
+        from dynnet_ros.engine.plan.banded import find_stem
+
+        opts = self.options
+        if not opts.stem_bands or opts.stem_bands < 2:
+            return None
+        found = find_stem(self.graph, self.reference_sizes, opts.stem_min_bytes)
+        if found is None:
+            return None
+        first_node, seconds = found
+        self._stem_nodes = found
+        if any(not self.graph.is_weight(i) for n in seconds for i in self.graph.nodes[n].input[1:] if i):
+            return None
+        # The stem becomes one segment where the first conv's segment was: the seconds only read
+        # its output (and weights), so running them right after it keeps a topological order.
+        position = {n: i for i, n in enumerate(self.order)}
+        stem = [first_node] + sorted(seconds, key=position.__getitem__)
+        groups: list[list[int]] = []
+        for segment in self.segments:
+            nodes = list(segment.nodes)
+            if first_node in nodes:
+                k = nodes.index(first_node)
+                before, after = [n for n in nodes[:k] if n not in stem], [n for n in nodes[k + 1:] if n not in stem]
+                groups += [g for g in (before, stem, after) if g]
+            elif any(n not in stem for n in nodes):
+                groups.append([n for n in nodes if n not in stem])
+        segments = [describe_segment(self.graph, i, g, self.shape_source.dims) for i, g in enumerate(groups)]
+        index = groups.index(stem)
+        segments[index] = replace(segments[index], kind="banded")
+        # worth it only where the stem sets the peak: bands cost copies and session calls
+        sizes = self.reference_sizes
+        band_bytes = (sum(sizes.get(t) or 0 for n in stem for t in self.graph.nodes[n].output)
+                      + self._input_sizes.get(self.graph.nodes[first_node].input[0], 0)) / self._stem_band_count()
+        if self._reference_lower_bound(segments) + band_bytes > \
+                (1 - self.options.stem_min_gain) * self._reference_lower_bound(self.segments):
+            return None
+        self.segments = segments
+        return index
+
+    def _stem_band_count(self) -> int:
+        """Bands for the stem: a band of its intermediate ~1 MB at the reference shape (4..16)."""
+        found = self._stem_nodes
+        mid_bytes = self.reference_sizes.get(self.graph.nodes[found[0]].output[0]) or 0
+        return min(16, max(self.options.stem_bands, -(-mid_bytes // 2**20)))
+
+    def _build_banded_runner(self, segment: Segment):
+        from dynnet_ros.engine.plan.banded import BandedRunner
+        from dynnet_ros.engine.rdp.ops.ort_contrib import nchwc_block_size
+
+        first, seconds = self.graph.nodes[segment.nodes[0]], [self.graph.nodes[n] for n in segment.nodes[1:]]
+        options = lambda: self._session_options(segment)  # noqa: E731 - one fresh SessionOptions per session
+
+        def make_session(node: onnx.NodeProto) -> ort.InferenceSession:
+            inputs = [node.input[0]]
+            single = Segment(segment.index, [], inputs=inputs, outputs=[node.output[0]])
+            model = build_nodes_model([node], single, self.graph, self.skeleton)
+            return SegmentRunner(single, self.graph, self.skeleton, self.weights, options(), model=model).session
+
+        mid_channels = int(self.graph.initializers[first.input[1]].dims[0])
+        return BandedRunner(first, seconds, make_session, nchwc_block_size() or 1, mid_channels,
+                            bands=self._stem_band_count(), workspace=f"__stem_workspace_{segment.index}")
 
     def _reference_lower_bound(self, segments: list[Segment]) -> int:
         """Max bytes of boundary tensors live at once at the reference shape (unknown sizes: 0)."""
@@ -459,6 +535,15 @@ class PlannedExecutor:
             first = self._producer_segment[name]
             slot.lifetime = (first, max(self._last_use.get(name, first), first) + 1)
             slots[name] = slot
+        for index, runner in self._banded_runners():
+            outs = [slots.get(name) for name in runner.outputs]
+            if any(out is None or out.shape is None for out in outs):
+                raise ValueError(f"the banded stem's outputs {runner.outputs} have no known shape")
+            size = runner.workspace_bytes(tuple(feeds_shapes[runner.image]), [out.shape for out in outs])
+            slot = TensorSlot(runner.workspace, np.dtype(np.uint8), (size,))
+            slot.lifetime = (index, index + 1)
+            slots[runner.workspace] = slot
+            boundary = boundary + [runner.workspace]
         in_arena = {n for n, s in slots.items() if s.shape is not None and n not in self.graph.outputs}
         roots = self._alias_in_place(slots, in_arena) if self.options.in_place else {}
         # one buffer per root: an in-place chain x -> relu(x) -> add(.., y) shares x's bytes,
@@ -478,6 +563,11 @@ class PlannedExecutor:
                     time.perf_counter() - start)
         self.plans.put(signature, plan)
         return plan
+
+    def _banded_runners(self):
+        from dynnet_ros.engine.plan.banded import BandedRunner
+
+        return [(i, r) for i, r in self.branch_runners.items() if isinstance(r, BandedRunner)]
 
     def _alias_in_place(self, slots: Mapping[str, TensorSlot], in_arena: set[str]) -> dict[str, str]:
         """Outputs written over an input's bytes: {output: root tensor whose buffer it shares}.
@@ -624,7 +714,12 @@ class PlannedExecutor:
                 for name in seg.outputs:
                     if views[name] is None and name in out and plan.slots[name].shape == out[name].shape:
                         views[name] = out[name]
-                produced = self.branch_runners[seg.index].run(values, views)
+                special = self.branch_runners[seg.index]
+                workspace = getattr(special, "workspace", None)
+                if workspace is not None:  # a banded stem's band buffers
+                    slot = plan.slots[workspace]
+                    views[workspace] = self.arena.view(slot.offset, slot.dtype, slot.shape)
+                produced = special.run(values, views)
                 for name, array in produced.items():
                     slot = plan.slots.get(name)  # None: an output of the If/Loop nobody reads
                     if slot is not None and slot.offset is None:

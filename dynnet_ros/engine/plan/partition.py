@@ -109,7 +109,7 @@ def partition(graph: GraphIndex, order: Sequence[int], sizes: Mapping[str, int |
             current.append(n)
     if current:
         segments.append(current)
-    return [_describe_segment(graph, i, seg, dims) for i, seg in enumerate(segments)]
+    return [describe_segment(graph, i, seg, dims) for i, seg in enumerate(segments)]
 
 
 def _should_cut(graph: GraphIndex, current: list[int], n: int, sizes, small_bytes: int,
@@ -149,7 +149,8 @@ def _is_small_node(graph: GraphIndex, n: int, sizes, limit: int) -> bool:
     return all(_is_small(sizes, o, limit) for o in graph.nodes[n].output if o)
 
 
-def _describe_segment(graph: GraphIndex, index: int, members: list[int], dims) -> Segment:
+def describe_segment(graph: GraphIndex, index: int, members: list[int], dims) -> Segment:
+    """A Segment for ``members`` (in run order): inputs, outputs, label and kind from the graph."""
     inside = set(members)
     produced = [o for m in members for o in graph.nodes[m].output if o]
     produced_set = set(produced)

@@ -26,6 +26,10 @@ def set_nchwc_block_size(size: int | None) -> None:
     _block_size = size
 
 
+def nchwc_block_size() -> int | None:
+    return _block_size
+
+
 def padded_channels(c: Dim) -> Dim:
     """Channels rounded up to the block size; unknown (None) if the block size is needed but unknown."""
     if isinstance(c, int) and c % 16 == 0:
