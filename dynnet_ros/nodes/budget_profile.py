@@ -6,13 +6,15 @@ docs/budget.md for the message schema).
 from __future__ import annotations
 
 import time
+from dataclasses import replace
+from functools import lru_cache
 from typing import Any, Callable
 
 from rclpy.node import Node
 from std_msgs.msg import String
 
 from dynnet_ros.budget.profile import ProfileHold, engine_profile
-from dynnet_ros.budget.protocol import PROFILES_TOPIC
+from dynnet_ros.budget.protocol import PROFILES_TOPIC, ModelProfile
 from dynnet_ros.budget.sources import ProcessMemory, process_memory
 
 
@@ -21,19 +23,68 @@ def memory_now() -> ProcessMemory:
     return process_memory()
 
 
+@lru_cache(maxsize=1)
+def prewarm_runtime() -> None:
+    """Load the model-independent library state a model load would otherwise bring along.
+
+    Why: a budget bounds what the process holds *for the model*; the engine's Python modules
+    (measured 3.7 MB) and onnx's operator-schema registry, built on the first checker / shape
+    inference call (7.1 MB), are the same for every model and stay after a model is closed, like
+    rclpy itself, so they belong to the reserve and load before the budget baseline is taken.
+    onnxruntime's environment is *not* warmed here: the engine's overhead already counts it.
+    """
+    import importlib
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    from dynnet_ros.engine.memtrim import release_memory
+
+    for module in ("dynnet_ros.engine.backends.cpu", "dynnet_ros.engine.plan.loader", "dynnet_ros.swap.control",
+                   "dynnet_ros.swap.executor"):
+        importlib.import_module(module)
+
+    value = helper.make_tensor_value_info
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "warm",
+                                                [value("x", TensorProto.FLOAT, [1])],
+                                                [value("y", TensorProto.FLOAT, [1])]))
+    onnx.checker.check_model(model)
+    onnx.shape_inference.infer_shapes(model)
+    release_memory()
+
+
+def shift_profile(profile: ModelProfile, frame_mb: float) -> ModelProfile:
+    """The engine's profile as the node's: every budget level plus the node's frame buffers.
+
+    Only where the engine published a table (it swaps); a single-point profile is already the
+    node's measured footprint, which includes the frame buffers.
+    """
+    if not profile.table or frame_mb <= 0:
+        return profile
+
+    def add(mb: float | None) -> float | None:
+        return None if mb is None else mb + frame_mb
+
+    return replace(profile, min_mb=add(profile.min_mb), full_mb=add(profile.full_mb),
+                   table=tuple((mb + frame_mb, ms) for mb, ms in profile.table))
+
+
 class ProfilePublisher:
     """Publishes ``engine_profile(...)`` of a node's current engine about once a second.
 
     ``baseline`` is the process memory measured just before the model loaded, so ``held_mb`` =
-    RSS growth since then, the same quantity the engine's budget bounds (and ``anon_held_mb``
-    its anonymous part, which the manager's pool accounting uses).
+    RSS growth since then, the same quantity the node's budget bounds (and ``anon_held_mb``
+    its anonymous part, which the manager's pool accounting uses). ``frame_mb`` is what the
+    node holds per frame outside its engine; the published levels include it.
     """
 
     def __init__(self, node: Node, engine: Callable[[], Any], budget_mb: Callable[[], float | None],
                  baseline: ProcessMemory, period_s: float = 1.0,
-                 latency_ms: Callable[[], float | None] | None = None) -> None:
+                 latency_ms: Callable[[], float | None] | None = None,
+                 frame_mb: Callable[[], float] | None = None) -> None:
         self._node, self._engine, self._budget = node, engine, budget_mb
         self._latency = latency_ms
+        self._frame_mb = frame_mb or (lambda: 0.0)
         self.baseline = baseline
         self.hold = ProfileHold()   # bounds of the largest input size seen lately (no flapping)
         self._engine_id: int | None = None
@@ -51,6 +102,7 @@ class ProfilePublisher:
                                      held_mb=max(0.0, now.rss_mb - self.baseline.rss_mb),
                                      anon_held_mb=max(0.0, now.anon_mb - self.baseline.anon_mb),
                                      budget_mb=self._budget(), fallback_ms=fallback)
+            profile = shift_profile(profile, self._frame_mb())
             if id(engine) != self._engine_id:  # a new model: its old input sizes say nothing
                 self._engine_id = id(engine)
                 self.hold.reset()

@@ -18,8 +18,9 @@ from sensor_msgs.msg import Image, PointCloud2
 from dynnet_ros.engine import Engine
 from dynnet_ros.nodes.base import ParamSpec, run_node
 from dynnet_ros.nodes.convert import array_to_image, cloud_to_xyzi
-from dynnet_ros.nodes.geometry import Letterbox, extrinsic_matrix, project_depth, to_nchw, transform_points
-from dynnet_ros.nodes.model_node import OUTPUT_QOS, ModelNode
+from dynnet_ros.nodes.frame_memory import InputBuffer, to_source_lean
+from dynnet_ros.nodes.geometry import Letterbox, extrinsic_matrix, project_depth, transform_points
+from dynnet_ros.nodes.model_node import OUTPUT_QOS, FrameInfo, ModelNode
 from dynnet_ros.nodes.scene import lidar_to_camera_xyzrpy
 
 
@@ -33,8 +34,12 @@ def _check_extrinsic(values: list[float]) -> str | None:
 
 class DepthNode(ModelNode):
     task = "depth"
+    extra_input_channels = 1  # the LiDAR depth channel
+    # the float32 depth map at camera size (4 B/px) and its two message copies (8 B/px)
+    output_bytes_per_pixel = 12.0
 
     def __init__(self) -> None:
+        self._lidar_buffer = InputBuffer(1)
         super().__init__("depth_node", [
             ParamSpec("depth_scale", 1.0, "Multiplier from model output to metres.", low=1e-3, high=1e3),
             ParamSpec("max_depth_m", 100.0, "Output depths are clipped to [0, max_depth_m].", low=0.1, high=1e4),
@@ -68,10 +73,12 @@ class DepthNode(ModelNode):
         with self._cloud_lock:
             self._cloud = (Time.from_msg(msg.header.stamp), points)
 
-    def _lidar_channel(self, msg: Image, letterbox: Letterbox) -> np.ndarray:
+    def _lidar_channel(self, msg: FrameInfo, letterbox: Letterbox) -> np.ndarray:
+        """The sparse LiDAR depth in the reused 1x1xHxW input tensor (returns its HxW plane)."""
         with self._cloud_lock:
             cloud = self._cloud
-        channel = np.zeros((letterbox.pad_h, letterbox.pad_w), dtype=np.float32)
+        channel = self._lidar_buffer.get(letterbox.pad_h, letterbox.pad_w)[0, 0]
+        channel.fill(0.0)
         self._lidar_in_view = 0
         k = self.intrinsics_for(int(msg.width), int(msg.height))
         if cloud is None or k is None:
@@ -86,16 +93,22 @@ class DepthNode(ModelNode):
         self._lidar_in_view = int(np.count_nonzero(sparse))
         return channel
 
-    def infer(self, msg: Image, rgb: np.ndarray, letterbox: Letterbox, engine: Engine) -> None:
+    def infer(self, msg: FrameInfo, image: np.ndarray, letterbox: Letterbox, engine: Engine) -> None:
         lidar = self._lidar_channel(msg, letterbox)
-        out = engine.run({"image": to_nchw(letterbox.apply(rgb, pad_value=0.0)), "lidar_depth": to_nchw(lidar)})
-        depth = out["depth"]
+        out = engine.run({"image": image, "lidar_depth": self._lidar_buffer.array})
+        depth = out.pop("depth")
+        del out
         if depth.ndim != 4 or depth.shape[2:] != lidar.shape:
             raise ValueError(f"depth model returned shape {list(depth.shape)}, expected [1, 1, {lidar.shape[0]}, "
                              f"{lidar.shape[1]}]")
-        full = letterbox.to_source(depth[0, 0]) * np.float32(self.params["depth_scale"])
-        full = np.clip(np.nan_to_num(full, nan=0.0, posinf=0.0, neginf=0.0), 0.0, self.params["max_depth_m"])
-        self.depth_pub.publish(array_to_image(full.astype(np.float32), "32FC1", msg.header))
+        full = to_source_lean(letterbox, depth[0, 0])
+        scale = np.float32(self.params["depth_scale"])
+        # one camera-size float32 array, edited in place (the output map itself when rescaled)
+        full = np.multiply(full, scale) if np.may_share_memory(full, depth) else np.multiply(full, scale, out=full)
+        del depth
+        np.nan_to_num(full, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
+        np.clip(full, 0.0, self.params["max_depth_m"], out=full)
+        self.depth_pub.publish(array_to_image(full, "32FC1", msg.header))
 
     def extra_diagnostics(self) -> dict:
         return {"lidar_pixels_in_view": self._lidar_in_view, "depth_scale": self.params["depth_scale"]}

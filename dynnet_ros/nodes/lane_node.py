@@ -12,12 +12,16 @@ from sensor_msgs.msg import Image
 from dynnet_ros.engine import Engine
 from dynnet_ros.nodes.base import ParamSpec, run_node
 from dynnet_ros.nodes.convert import array_to_image
-from dynnet_ros.nodes.geometry import Letterbox, to_nchw
-from dynnet_ros.nodes.model_node import OUTPUT_QOS, ModelNode
+from dynnet_ros.nodes.frame_memory import to_source_lean
+from dynnet_ros.nodes.geometry import Letterbox
+from dynnet_ros.nodes.model_node import OUTPUT_QOS, FrameInfo, ModelNode
 
 
 class LaneNode(ModelNode):
     task = "lane"
+    # the mask (1 B/px) and its message copies (2 B/px); a downscaled frame's map back at camera size
+    output_bytes_per_pixel = 3.0
+    scaled_output_bytes_per_pixel = 4.0
 
     def __init__(self) -> None:
         super().__init__("lane_node", [
@@ -33,16 +37,17 @@ class LaneNode(ModelNode):
             raise ValueError(f"model has inputs {names} and outputs {engine.outputs}; a lane model takes 'image' "
                              f"only and returns 'lane_prob'")
 
-    def infer(self, msg: Image, rgb: np.ndarray, letterbox: Letterbox, engine: Engine) -> None:
-        image = to_nchw(letterbox.apply(rgb, pad_value=0.0))
+    def infer(self, frame: FrameInfo, image: np.ndarray, letterbox: Letterbox, engine: Engine) -> None:
         prob = engine.run({"image": image})["lane_prob"]
         if prob.ndim != 4 or prob.shape[2:] != image.shape[2:]:
             raise ValueError(f"lane model returned shape {list(prob.shape)}, expected [1, 1, "
                              f"{image.shape[2]}, {image.shape[3]}]")
-        full = letterbox.to_source(prob[0, 0])
-        mask = np.where(full >= self.params["lane_threshold"], 255, 0).astype(np.uint8)
+        full = to_source_lean(letterbox, prob[0, 0])  # a view of the output when not rescaled
+        mask = np.greater_equal(full, np.float32(self.params["lane_threshold"])).view(np.uint8)
+        del full, prob
         self._lane_fraction = float(np.count_nonzero(mask)) / mask.size
-        self.mask_pub.publish(array_to_image(mask, "mono8", msg.header))
+        mask *= 255  # in place: 1 -> 255
+        self.mask_pub.publish(array_to_image(mask, "mono8", frame.header))
 
     def extra_diagnostics(self) -> dict:
         return {"lane_threshold": self.params["lane_threshold"], "lane_pixel_fraction": self._lane_fraction}

@@ -5,6 +5,12 @@ Threading model: the subscription callback only parks the newest Image in a one-
 whatever is newest. Latency therefore stays bounded by one inference, never by a queue.
 Parameter changes are validated (and a new engine loaded) in the on-set callback; the worker
 sees them from its next frame on.
+
+Memory: the node's budget (``memory_budget_mb``) bounds its RSS growth since before the model
+loaded, so the node charges its own per-frame memory (camera messages in flight, the model-input
+tensors it fills, post-processing; ``frame_memory.frame_bytes``) to it and hands its engine the
+rest. Frames are converted from views over the message data into one reused input tensor, and
+the message is released before the engine runs (docs/budget.md, "node memory").
 """
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ import os
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,16 +27,17 @@ from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.node import Node
-from rclpy.qos import QoSProfile, qos_profile_sensor_data
+from rclpy.qos import QoSHistoryPolicy, QoSProfile, qos_profile_sensor_data
 from sensor_msgs.msg import CameraInfo, Image
 
 from dynnet_ros.engine import Engine
 from dynnet_ros.engine.backends import available_backends
 from dynnet_ros.nodes import diagnostics as diag
 from dynnet_ros.nodes.base import ParamSpec, declare
-from dynnet_ros.nodes.budget_profile import ProfilePublisher, memory_now
-from dynnet_ros.nodes.convert import image_to_rgb_float
+from dynnet_ros.nodes.budget_profile import ProfilePublisher, memory_now, prewarm_runtime
+from dynnet_ros.nodes.convert import image_to_array
 from dynnet_ros.engine.memtrim import release_memory
+from dynnet_ros.nodes.frame_memory import FrameBytes, InputBuffer, frame_bytes
 from dynnet_ros.nodes.geometry import Letterbox, plan_letterbox, validate_intrinsics
 from dynnet_ros.nodes.stats import FrameStats
 
@@ -37,6 +45,27 @@ ENGINE_PARAMS = ("model_path", "backend", "threads")
 # Outputs: reliable (so RViz / `ros2 topic echo` defaults receive them, and best-effort
 # subscribers too), keep-last 2 so a slow subscriber never builds a queue.
 OUTPUT_QOS = QoSProfile(depth=2)
+# Camera input: the sensor-data profile (best effort, volatile: matches any camera driver) with a
+# history of one. The node only ever processes the newest frame, and each frame the DDS reader
+# keeps is a message-sized buffer charged to the node's budget.
+IMAGE_QOS = QoSProfile(history=QoSHistoryPolicy.KEEP_LAST, depth=1, reliability=qos_profile_sensor_data.reliability,
+                       durability=qos_profile_sensor_data.durability)
+#: Until the first frame arrives the node charges a 640x480 rgb8 camera (the engine's reference size).
+DEFAULT_CAMERA = (640, 480, 3)
+#: Camera messages are charged at the largest size seen this long: when the camera changes size,
+#: frames of the other size are still in flight (DDS history, rclpy's copies, the mailbox) — the
+#: same window as the published profile's hold (budget.profile.ProfileHold).
+MESSAGE_HOLD_S = 30.0
+
+
+@dataclass(frozen=True)
+class FrameInfo:
+    """What post-processing needs of a camera message once its pixels are in the input tensor."""
+
+    header: Any
+    width: int
+    height: int
+    encoding: str
 
 
 def _backend_check(value: str) -> str | None:
@@ -69,6 +98,15 @@ class ModelNode(Node):
 
     task = "model"
     input_multiple = 32
+    #: value of the letterbox padding in the model input
+    pad_value = 0.0
+    #: model-input channels the node fills besides the 3 image channels (depth: the LiDAR channel)
+    extra_input_channels = 0
+    #: post-processing bytes per camera pixel (output arrays and the output message), and a constant
+    output_bytes_per_pixel = 0.0
+    output_const_bytes = 64 * 1024
+    #: ...and what mapping a downscaled result back to camera pixels adds per camera pixel
+    scaled_output_bytes_per_pixel = 0.0
 
     def __init__(self, node_name: str, task_specs: list[ParamSpec]) -> None:
         super().__init__(node_name)
@@ -76,9 +114,23 @@ class ModelNode(Node):
         self.params: dict[str, Any] = declare(self, self._specs.values())
         self._engine_lock = threading.Lock()   # held while the worker runs a frame
         self._state_lock = threading.Lock()
+        self._budget_lock = threading.Lock()   # node budget -> engine budget, one change at a time
+        self._image_buffer = InputBuffer(3)
+        width, height, channels = DEFAULT_CAMERA
+        self._frame_key: tuple | None = None
+        self.frame: FrameBytes = self.frame_bytes(width * height * channels, plan_letterbox(
+            height, width, multiple=self.input_multiple, max_side=int(self.params["max_input_side"])))
+        self._engine_budget_mb: float | None = None   # what the engine was handed
+        self._frame_warned: set = set()
+        self._last_refused: tuple | None = None   # (camera size, budget) the engine refused last frame
+        self._message_sizes: list[tuple[float, int]] = []   # (monotonic time, bytes) of recent frames
+        # Model-independent library state (engine modules, onnx's schema registry) loads before the
+        # baseline, like rclpy: it is the same for every model and stays when a model is unloaded.
+        prewarm_runtime()
         rss_before_model = memory_now()  # budget baseline: a budget bounds RSS growth from here
         # built inside its budget: an in-memory engine first would double the start-up peak
         self.engine = self._load_engine(self.params)
+        self._held_after_load_mb = memory_now().rss_mb - rss_before_model.rss_mb
 
         self.stats = FrameStats()
         self._pending: Image | None = None
@@ -93,7 +145,7 @@ class ModelNode(Node):
         self.diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         # sensor callbacks and the diagnostics timer run beside the parameter services (see run_node)
         self.io_group = MutuallyExclusiveCallbackGroup()
-        self.create_subscription(Image, "camera/image_raw", self._on_image, qos_profile_sensor_data,
+        self.create_subscription(Image, "camera/image_raw", self._on_image, IMAGE_QOS,
                                  callback_group=self.io_group)
         self.create_subscription(CameraInfo, "camera/camera_info", self._on_camera_info, qos_profile_sensor_data,
                                  callback_group=self.io_group)
@@ -101,7 +153,8 @@ class ModelNode(Node):
         self.create_timer(1.0, self.publish_diagnostics, callback_group=self.io_group)
         # latency-vs-budget profile for the budget manager (docs/budget.md)
         self.budget_profile = ProfilePublisher(self, lambda: self.engine,
-                                               lambda: self.params["memory_budget_mb"] or None, rss_before_model)
+                                               lambda: self.params["memory_budget_mb"] or None, rss_before_model,
+                                               frame_mb=lambda: self.frame.total_mb)
         self._worker = threading.Thread(target=self._work, name=f"{node_name}-worker", daemon=True)
         self._worker.start()
         self.get_logger().info(f"{self.task} model {self.engine.model_path} on {self.params['backend']}; "
@@ -114,9 +167,19 @@ class ModelNode(Node):
         if "image" not in names:
             raise ValueError(f"model has inputs {sorted(names)}; a {self.task} model needs 'image'")
 
-    def infer(self, msg: Image, rgb: np.ndarray, letterbox: Letterbox, engine: Engine) -> None:
-        """Run the model on one frame and publish the results (header copied from msg)."""
+    def infer(self, frame: FrameInfo, image: np.ndarray, letterbox: Letterbox, engine: Engine) -> None:
+        """Run the model on one frame and publish the results (header copied from ``frame``).
+
+        ``image`` is the letterboxed 1x3xHxW model input (a buffer the node reuses next frame).
+        """
         raise NotImplementedError
+
+    def frame_bytes(self, message_bytes: int, letterbox: Letterbox) -> FrameBytes:
+        """What this node holds per frame outside its engine (charged to its budget)."""
+        return frame_bytes(message_bytes, letterbox, input_channels=3 + self.extra_input_channels,
+                           output_bytes_per_pixel=self.output_bytes_per_pixel,
+                           output_const_bytes=self.output_const_bytes,
+                           scaled_output_bytes_per_pixel=self.scaled_output_bytes_per_pixel)
 
     # ------------------------------------------------------------------ engine management
     def _load_engine(self, params: dict[str, Any]) -> Engine:
@@ -126,28 +189,99 @@ class ModelNode(Node):
 
             path = str(ensure_model(self.task))
         threads = int(params["threads"]) or None
-        engine = Engine(path, backend=params["backend"], threads=threads,
-                        memory_budget_mb=self._budget_value(params["memory_budget_mb"]))
+        budget = self._engine_budget(params["memory_budget_mb"])
+        try:
+            engine = Engine(path, backend=params["backend"], threads=threads, memory_budget_mb=budget)
+        except ValueError:
+            if budget is None or budget == float(params["memory_budget_mb"]):
+                raise
+            # The budget fits the model but not next to this node's frame buffers: start at the
+            # whole budget (over it by at most the frame buffers) rather than not at all; the
+            # published minimum includes the frame buffers, so the manager raises the budget.
+            budget = float(params["memory_budget_mb"])
+            engine = Engine(path, backend=params["backend"], threads=threads, memory_budget_mb=budget)
+            self.get_logger().warning(
+                f"memory_budget_mb {budget:g} leaves the model {budget - self.frame.total_mb:.1f} MB next to this "
+                f"node's {self.frame.total_mb:.1f} MB of frame buffers, below its minimum "
+                f"{engine.min_budget_mb():.1f} MB; running the model at {budget:g} MB")
         try:
             self.check_model(engine)
         except ValueError:
             engine.close()
             raise
+        self._engine_budget_mb = budget
         return engine
 
-    @staticmethod
-    def _budget_value(mb: float) -> float | None:
-        return None if mb == 0 else float(mb)
+    def _engine_budget(self, node_mb: float) -> float | None:
+        """The engine's share of the node's budget: the budget minus this node's frame buffers."""
+        if node_mb == 0:
+            return None
+        return max(float(node_mb) - self.frame.total_mb, 0.01)
 
-    def _apply_budget(self, engine: Engine, mb: float) -> None:
-        """Change the budget in place; the replaced executor's memory goes back to the OS at once."""
+    def _apply_budget(self, engine: Engine, mb: float | None) -> None:
+        """Change the engine's budget in place; a replaced executor's memory goes back to the OS."""
         def executor_id(stats: dict) -> tuple:
             return stats.get("executor"), (stats.get("swap") or {}).get("store")
 
         before = executor_id(engine.stats())
-        engine.set_memory_budget(self._budget_value(mb))
+        engine.set_memory_budget(mb)
+        self._engine_budget_mb = mb
         if executor_id(engine.stats()) != before:  # an executor was replaced (not just repartitioned)
             release_memory()
+
+    def _update_frame_memory(self, message_bytes: int, letterbox: Letterbox) -> None:
+        """Charge this frame's buffers and give the engine the rest of the budget.
+
+        Runs in the worker between two frames. Camera messages are charged at the largest size
+        seen in ``MESSAGE_HOLD_S``. If the model's share is below the engine's minimum, the
+        engine goes as low as it allows and the share is retried next frame (the minimum follows
+        the input size the engine last ran); a refusal that persists is warned once per size and
+        budget — the published profile already asks the manager for more.
+        """
+        now = time.monotonic()
+        self._message_sizes = [(t, b) for t, b in self._message_sizes if now - t <= MESSAGE_HOLD_S and b > message_bytes]
+        self._message_sizes.append((now, message_bytes))
+        message_bytes = max(b for _, b in self._message_sizes)  # larger frames may still be in flight
+        key = (message_bytes, letterbox)
+        with self._budget_lock:
+            if key != self._frame_key:
+                self._frame_key = key
+                self.frame = self.frame_bytes(message_bytes, letterbox)
+            node_mb = self.params["memory_budget_mb"]
+            target = self._engine_budget(node_mb)
+            self._last_refused, refused = None, self._last_refused
+            if target is None or (target == self._engine_budget_mb and not self._engine_over_budget()):
+                return
+            try:
+                self._apply_budget(self.engine, target)
+                return
+            except ValueError as exc:
+                reason = str(exc)
+            # Below the engine's minimum — which refers to the input size it last ran, so on the
+            # first frame of a new size it may be stale: come as close as the engine allows now,
+            # and retry the exact share next frame.
+            closest = self.engine.min_budget_mb() + 0.01
+            if self._engine_budget_mb is None or closest < self._engine_budget_mb:
+                try:
+                    self._apply_budget(self.engine, closest)
+                except ValueError:
+                    pass
+            state = (letterbox.src_w, letterbox.src_h, node_mb)
+            if state == refused and state not in self._frame_warned:  # not just a stale minimum
+                self._frame_warned.add(state)
+                self.get_logger().warning(
+                    f"{letterbox.src_w}x{letterbox.src_h} frames need {self.frame.total_mb:.1f} MB of frame "
+                    f"buffers, leaving the model {target:.1f} MB of memory_budget_mb {node_mb:g}: {reason}; "
+                    f"the model keeps {self._engine_budget_mb or 0:.1f} MB")
+            self._last_refused = state
+
+    def _engine_over_budget(self) -> bool:
+        """The engine runs a partition predicted above its budget: the input size changed under
+        it (its "smallest partition" fallback). Setting the same budget again lets it re-plan for
+        the size it now runs, e.g. move to its leaner store variant."""
+        swap = self.engine.stats().get("swap") or {}
+        peak, budget = swap.get("predicted_peak_bytes"), swap.get("budget_bytes")
+        return bool(peak and budget and peak > budget + 1024)
 
     def _on_set_parameters(self, parameters) -> SetParametersResult:
         updates: dict[str, Any] = {}
@@ -168,7 +302,14 @@ class ModelNode(Node):
             if any(name in updates and updates[name] != self.params[name] for name in ENGINE_PARAMS):
                 new_engine = self._load_engine(merged)  # built inside the new budget directly
             elif "memory_budget_mb" in updates and updates["memory_budget_mb"] != self.params["memory_budget_mb"]:
-                self._apply_budget(self.engine, merged["memory_budget_mb"])  # lands between two frames
+                with self._budget_lock:  # lands between two frames
+                    try:
+                        self._apply_budget(self.engine, self._engine_budget(merged["memory_budget_mb"]))
+                    except ValueError as exc:
+                        raise ValueError(f"{exc} (memory_budget_mb {merged['memory_budget_mb']:g} minus this node's "
+                                         f"{self.frame.total_mb:.1f} MB of frame buffers)") from exc
+                    with self._engine_lock:
+                        self.params = {**self.params, "memory_budget_mb": merged["memory_budget_mb"]}
         except ValueError as exc:
             if new_engine is not None:
                 new_engine.close()
@@ -223,27 +364,32 @@ class ModelNode(Node):
             if not self._wake.wait(timeout=0.2):
                 continue
             with self._state_lock:
-                msg, self._pending = self._pending, None
+                slot, self._pending = [self._pending], None
                 self._wake.clear()
-            if msg is None or not self.params["enabled"]:
+            if slot[0] is None or not self.params["enabled"]:
                 continue
             try:
-                self._process_frame(msg)
+                self._process_frame(slot)  # takes the message out of the slot: no other reference
             except Exception:  # noqa: BLE001 — the node must keep serving; the reason is reported
                 if self._stop.is_set():
                     return
                 self.get_logger().error(traceback.format_exc())
 
-    def _process_frame(self, msg: Image) -> None:
+    def _process_frame(self, slot: list) -> None:
+        """Run one frame; ``slot`` holds the only reference to the message, which is dropped as
+        soon as its pixels are in the input tensor (before the engine runs)."""
         start = time.perf_counter()
+        msg = slot.pop()
         try:
-            rgb = image_to_rgb_float(msg)
-            if not np.all(np.isfinite(rgb)):
-                raise ValueError("image contains NaN/inf values")
-            letterbox = plan_letterbox(rgb.shape[0], rgb.shape[1], multiple=self.input_multiple,
+            frame = FrameInfo(msg.header, int(msg.width), int(msg.height), msg.encoding)
+            array = image_to_array(msg)  # a view over msg.data where the layout allows
+            letterbox = plan_letterbox(array.shape[0], array.shape[1], multiple=self.input_multiple,
                                        max_side=int(self.params["max_input_side"]))
+            self._update_frame_memory(len(msg.data), letterbox)
+            image = self._image_buffer.fill_image(array, frame.encoding, letterbox, self.pad_value)
+            del array, msg  # the message's pixels are no longer needed
             with self._engine_lock:
-                self.infer(msg, rgb, letterbox, self.engine)
+                self.infer(frame, image, letterbox, self.engine)
         except Exception as exc:  # bad message or inference failure: ERROR diagnostic, keep serving
             if not self.context.ok():  # shutting down: publishers are gone, nothing to report
                 self._stop.set()
@@ -254,7 +400,7 @@ class ModelNode(Node):
             return
         self.stats.record((time.perf_counter() - start) * 1e3)
         self._last_input_shape = [1, 3, letterbox.pad_h, letterbox.pad_w]
-        self._last_camera = (int(msg.width), int(msg.height))
+        self._last_camera = (frame.width, frame.height)
         if self._last_error is not None:
             self._last_error = None
             self.publish_diagnostics()
@@ -305,6 +451,13 @@ class ModelNode(Node):
         }
         values.update(self.extra_diagnostics())
         values.update({f"engine.{k}": v for k, v in engine_stats.items()})
+        # The model's budget is the node's share; the engine itself runs in it minus the frame buffers.
+        values["engine.model_budget_mb"] = engine_stats.get("memory_budget_mb")
+        values["engine.memory_budget_mb"] = self.params["memory_budget_mb"] or None
+        values["frame_buffers_mb"] = self.frame.total_mb
+        values["held_after_load_mb"] = self._held_after_load_mb
+        predicted = (engine_stats.get("swap") or {}).get("predicted_peak_bytes")
+        values["engine.predicted_peak_mb"] = None if predicted is None else predicted / 2**20
         status = diag.make_status(f"{self.get_name()}: {self.task} model", self.get_fully_qualified_name(),
                                   level, message, values)
         try:

@@ -14,13 +14,12 @@ import sys
 
 import numpy as np
 from geometry_msgs.msg import Point
-from sensor_msgs.msg import Image
 from visualization_msgs.msg import Marker, MarkerArray
 
 from dynnet_ros.engine import Engine
 from dynnet_ros.nodes.base import ParamSpec, run_node
-from dynnet_ros.nodes.geometry import Letterbox, to_nchw
-from dynnet_ros.nodes.model_node import OUTPUT_QOS, ModelNode
+from dynnet_ros.nodes.geometry import Letterbox
+from dynnet_ros.nodes.model_node import OUTPUT_QOS, FrameInfo, ModelNode
 from dynnet_ros.nodes.scene import camera_matrix
 
 try:  # optional: not on PyPI as a wheel; present on robots with a system ROS 2
@@ -36,6 +35,7 @@ REQUIRED_INPUTS = {"image", "score_threshold", "iou_threshold", "max_detections"
 
 class PedestrianNode(ModelNode):
     task = "pedestrian"
+    pad_value = 0.5
 
     def __init__(self) -> None:
         super().__init__("pedestrian_node", [
@@ -60,11 +60,11 @@ class PedestrianNode(ModelNode):
         if not {"boxes", "scores"} <= set(engine.outputs):
             raise ValueError(f"model has outputs {engine.outputs}; a pedestrian model needs 'boxes' and 'scores'")
 
-    def infer(self, msg: Image, rgb: np.ndarray, letterbox: Letterbox, engine: Engine) -> None:
+    def infer(self, msg: FrameInfo, image: np.ndarray, letterbox: Letterbox, engine: Engine) -> None:
         threshold = float(self.params["score_threshold"])
         limit = int(self.params["max_detections"])
         out = engine.run({
-            "image": to_nchw(letterbox.apply(rgb, pad_value=0.5)),
+            "image": image,
             "score_threshold": np.array([threshold], dtype=np.float32),
             "iou_threshold": np.array([self.params["nms_iou"]], dtype=np.float32),
             "max_detections": np.array([limit], dtype=np.int64),
@@ -85,7 +85,7 @@ class PedestrianNode(ModelNode):
             self.detection_pub.publish(self._detections(msg, boxes, scores))
 
     @staticmethod
-    def _markers(msg: Image, boxes: np.ndarray, scores: np.ndarray, k: np.ndarray) -> MarkerArray:
+    def _markers(msg: FrameInfo, boxes: np.ndarray, scores: np.ndarray, k: np.ndarray) -> MarkerArray:
         array = MarkerArray()
         clear = Marker(header=msg.header, action=Marker.DELETEALL)
         array.markers.append(clear)
@@ -110,7 +110,7 @@ class PedestrianNode(ModelNode):
         return array
 
     @staticmethod
-    def _detections(msg: Image, boxes: np.ndarray, scores: np.ndarray):  # pragma: no cover - needs vision_msgs
+    def _detections(msg: FrameInfo, boxes: np.ndarray, scores: np.ndarray):  # pragma: no cover - needs vision_msgs
         array = Detection2DArray(header=msg.header)
         for i, ((x1, y1, x2, y2), score) in enumerate(zip(boxes.tolist(), scores.tolist())):
             det = Detection2D(header=msg.header, id=str(i))
