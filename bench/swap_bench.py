@@ -16,24 +16,31 @@ from dynnet_ros.zoo import MODEL_NAMES, ensure_model
 
 def markdown(results: list[dict]) -> str:
     lines = ["| model | config | budget MB | peak MB | peak/budget | mean ms | p95 ms | A/B wall ×ORT | A/B CPU ×ORT "
-             "| blocks (pinned) | max abs diff | switch p95 ms | store in page cache MB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| A/B wall ×inmem | A/B CPU ×inmem | blocks (pinned) | max abs diff | switch p95 ms "
+             "| store in page cache MB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda v, f="{:.1f}": "-" if v is None else f.format(v)  # noqa: E731
     for result in results:
         name = Path(result["model"]).stem
         for row in result["summary"]:
             if "error" in row:
                 lines.append(f"| {name} | {row['config']} | {fmt(row.get('budget_mb'))} | error: {row['error'][:80]} "
-                             "| | | | | | | | | |")
+                             "| | | | | | | | | | | |")
                 continue
             pinned = f" ({row['pinned_blocks']})" if row.get("pinned_blocks") is not None else ""
             if row.get("optimized"):
                 pinned += f" {row['optimized'].replace('ort-', '')}"
+            if row.get("streamed"):
+                pinned += " stream"
+            if row.get("wrap"):
+                pinned += " wrap"
             lines.append(
                 f"| {name} | {row['config']} | {fmt(row.get('budget_mb'))} | {fmt(row['peak_mb'])} "
                 f"| {fmt(row.get('peak_over_budget'), '{:.2f}')} | {fmt(row['mean_ms'], '{:.0f}')} "
                 f"| {fmt(row['p95_ms'], '{:.0f}')} | {fmt(row.get('ab_ratio_mean'), '{:.2f}')} "
-                f"| {fmt(row.get('ab_cpu_ratio'), '{:.2f}')} | {row.get('blocks')}{pinned} "
+                f"| {fmt(row.get('ab_cpu_ratio'), '{:.2f}')} "
+                f"| {fmt(row.get('ab_inmemory_ratio_mean'), '{:.2f}')} | {fmt(row.get('ab_inmemory_cpu_ratio'), '{:.2f}')} "
+                f"| {row.get('blocks')}{pinned} "
                 f"| {fmt(row.get('max_abs_diff'), '{:.1e}')} | {fmt(row.get('switch_p95_ms'), '{:.2f}')} "
                 f"| {fmt(row.get('store_cached_mb'))} |")
     return "\n".join(lines) + "\n"

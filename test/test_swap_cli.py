@@ -57,4 +57,5 @@ def test_bench_reports_all_configurations(model, tmp_path):
     assert swap["max_abs_diff"] < 1e-4 and swap["peak_mb"] > 0 and swap["mean_ms"] > 0
     assert swap["store_cached_mb"] <= result["weight_mb"]
     assert "ab_ratio_mean" in swap and "switch_p95_ms" in swap
+    assert swap["ab_inmemory_ratio_mean"] > 0 and swap["ab_inmemory_cpu_ratio"] > 0
     assert png.stat().st_size > 1000

@@ -113,3 +113,49 @@ def test_probe_cuda_reports_a_reason_when_unavailable():
     info = probe_cuda()
     if not info.available:
         assert info.reason
+
+
+def test_huge_page_tail_is_charged_in_4k_pages_and_stays_out_of_huge_pages():
+    from dynnet_ros.swap.swapin import HUGE_PAGE, arena_layout, huge_pages_available, resident_bytes
+
+    span = 12 * HUGE_PAGE + 3 * ALIGN  # 24 MiB + 12 KiB: used to cost a 13th huge page
+    assert resident_bytes(span, True) == 12 * HUGE_PAGE + 3 * ALIGN
+    assert resident_bytes(span, False) == span and resident_bytes(0, True) == 0
+    assert resident_bytes(HUGE_PAGE // 2, True) == HUGE_PAGE // 2
+    if not huge_pages_available():
+        pytest.skip("transparent huge pages unavailable")
+    offsets, size = arena_layout([3 * ALIGN, span], True)
+    arena = HostArena(size, huge_pages=True)
+    arena.advise_spans(offsets, [3 * ALIGN, span])
+    try:
+        def rss_kb() -> int:
+            with open("/proc/self/status") as handle:
+                return next(int(line.split()[1]) for line in handle if line.startswith("VmRSS:"))
+
+        before = rss_kb()
+        arena.array[offsets[0]:offsets[0] + 3 * ALIGN] = 1  # a tail-only span: three 4 KiB pages
+        grown = (rss_kb() - before) * 1024
+        assert grown < HUGE_PAGE // 2, grown
+    finally:
+        arena.close()
+
+
+def test_huge_page_empty_costs_exactly_its_bytes():
+    from dynnet_ros.swap.swapin import HUGE_PAGE, huge_page_empty
+
+    small = huge_page_empty((3, 5), np.float32)
+    assert small.shape == (3, 5) and small.dtype == np.float32
+    shape = (1, 3, 437, 1024)  # 5.0 MiB + a partial huge page
+    nbytes = int(np.prod(shape)) * 4
+
+    def rss_kb() -> int:
+        with open("/proc/self/status") as handle:
+            return next(int(line.split()[1]) for line in handle if line.startswith("VmRSS:"))
+
+    before = rss_kb()
+    array = huge_page_empty(shape, np.float32)
+    assert array.flags["C_CONTIGUOUS"] and array.ctypes.data % 64 == 0
+    array[...] = 1.5
+    grown = (rss_kb() - before) * 1024
+    assert nbytes <= grown < nbytes + HUGE_PAGE // 4, (grown, nbytes)
+    assert float(array.sum()) == pytest.approx(1.5 * array.size)

@@ -254,6 +254,12 @@ class Partition:
     predicted_peak_bytes: int = 0
     resident_limit: int = 2
     blocks: list[Block] = field(default_factory=list)
+    #: while the last block runs, prefetch the next frame's first swapped block (it then stays
+    #: resident between frames; the scheduler counts it at the last block's peak)
+    wrap: bool = False
+    #: streamed prefetch: per block, the most bytes of later swapped blocks (in order, the
+    #: wrapped block last) that may be resident while it runs; None = whole-block prefetch
+    ahead: tuple[int, ...] | None = None
 
     def build(self, atoms: list[Atom]) -> "Partition":
         self.blocks = []

@@ -204,6 +204,7 @@ class SwapControl:
             raise
         for lv, executor in keep.items():
             if lv in kept:
+                executor.pipeline.drain(cancel=True)  # a prefetch must not land after the release
                 executor.pipeline.release(sorted(executor.pipeline.resident_atoms()))  # sessions only
             else:
                 executor.close()

@@ -7,6 +7,7 @@ table lookup plus dropping the pages of blocks that are no longer pinned.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -19,6 +20,7 @@ from dynnet_ros.engine.memtrim import pin_mmap_threshold
 from dynnet_ros.swap import blocks
 from dynnet_ros.swap.assembly import OrtAtom
 from dynnet_ros.swap.delay_model import DelayModel, load_or_default
+from dynnet_ros.swap.graphinfo import fixed_input_model, infer_shapes
 from dynnet_ros.swap.pipeline import BlockPipeline, RunTrace
 from dynnet_ros.swap.scheduler import MB, AtomTable, LookupTable, MemoryModel, Scheduler
 from dynnet_ros.swap.store import Store
@@ -65,7 +67,8 @@ class SwappedExecutor:
     def __init__(self, store: Store, *, budget_mb: float | None, threads: int | None = None,
                  resident_limit: int = 2, delay: DelayModel | None = None, prefer_direct: bool = True,
                  act_factor: float = 1.1, lut_levels: int = 24, naive: bool = False,
-                 shapes: Mapping[str, tuple[int, ...]] | None = None, huge_pages: bool | None = None) -> None:
+                 shapes: Mapping[str, tuple[int, ...]] | None = None, huge_pages: bool | None = None,
+                 stream: bool | None = None, bind_outputs: bool | None = None) -> None:
         if resident_limit < 1:
             raise ValueError(f"resident_limit must be >= 1, got {resident_limit}")
         self.store = store
@@ -74,6 +77,13 @@ class SwappedExecutor:
         self.act_factor = act_factor
         self.lut_levels = lut_levels
         self.naive = naive
+        # streamed prefetch (scheduler.ahead_limits); DYNNET_SWAP_STREAM=0 turns it off
+        self.stream = os.environ.get("DYNNET_SWAP_STREAM", "1") != "0" if stream is None else stream
+        # atom outputs into huge-page arrays via IOBinding; DYNNET_SWAP_BIND_OUTPUTS=0 turns it off
+        self.bind_outputs = os.environ.get("DYNNET_SWAP_BIND_OUTPUTS", "1") != "0" \
+            if bind_outputs is None else bind_outputs
+        self._output_specs: OrderedDict[tuple, list[dict | None]] = OrderedDict()
+        self._run_specs: list[dict | None] | None = None
         self._lock = threading.RLock()
         self._graph_inputs = list(store.index["reference_shapes"])
         self._outputs = [o.name for o in store.graph().graph.output]
@@ -83,6 +93,7 @@ class SwappedExecutor:
         self.huge_pages = use_huge_pages(store) if huge_pages is None else huge_pages
         self.arena_offsets, arena_size = arena_layout([e.span_bytes for e in entries], self.huge_pages)
         self.arena = HostArena(arena_size, huge_pages=self.huge_pages)
+        self.arena.advise_spans(self.arena_offsets, [e.span_bytes for e in entries])
         self.reader = WeightReader(store.weights_path, prefer_direct=prefer_direct)
         last_reader: dict[str, int] = {}
         for entry in entries:
@@ -125,7 +136,7 @@ class SwappedExecutor:
         table = AtomTable(atom_resident_bytes(self.store, self.huge_pages),
                           tuple(e.atom.depth for e in self.store.atoms), costs.flops, costs.act_bytes)
         scheduler = Scheduler(table, self.delay, MemoryModel(self.overhead_bytes, self.act_factor),
-                              resident_limit=self.resident_limit)
+                              resident_limit=self.resident_limit, stream=self.stream)
         entry = (scheduler, LookupTable(scheduler, self.lut_levels), costs.flops)
         self._tables[key] = entry
         while len(self._tables) > 16:
@@ -135,8 +146,8 @@ class SwappedExecutor:
     def _choose(self, scheduler: Scheduler, lut: LookupTable, budget: int) -> blocks.Partition:
         partition = scheduler.naive(budget) if self.naive else lut.lookup(budget)
         return blocks.Partition(partition.bounds, partition.pinned, partition.predicted_ms,
-                                partition.predicted_peak_bytes, partition.resident_limit
-                                ).build([e.atom for e in self.store.atoms])
+                                partition.predicted_peak_bytes, partition.resident_limit, wrap=partition.wrap,
+                                ahead=partition.ahead).build([e.atom for e in self.store.atoms])
 
     def set_budget(self, budget_mb: float | None) -> None:
         """Switch to the budget's partition; ValueError (previous budget kept) if it cannot fit.
@@ -184,13 +195,52 @@ class SwappedExecutor:
                 self.partition = partition
                 self.pipeline.apply(partition)
             _, _, flops = self._table(shapes)
+            self._run_specs = self._specs_for(shapes)
             trace = RunTrace()
             env = self.pipeline.run(self.partition, feeds, self._run_atom, trace, flops)
             self.last_trace = trace
         return {name: env[name] for name in self._outputs}
 
     def _run_atom(self, index: int, env: dict) -> dict:
-        return self.atoms[index].run(env)
+        specs = self._run_specs[index] if self._run_specs is not None else None
+        if specs is None:
+            return self.atoms[index].run(env)
+        try:
+            return self.atoms[index].run(env, specs)
+        except Exception as exc:  # noqa: BLE001 - inferred shapes wrong for this atom: let ORT allocate
+            LOG.debug("atom %d: bound outputs refused (%s); onnxruntime allocates them", index, exc)
+            self._run_specs[index] = None
+            return self.atoms[index].run(env)
+
+    def _specs_for(self, shapes: Mapping[str, tuple[int, ...]]) -> list[dict | None] | None:
+        """Per atom, every output's (shape, dtype) at these input sizes, or None for an atom with
+        an output whose shape only execution reveals (it then allocates its own outputs)."""
+        if not self.bind_outputs:
+            return None
+        key = tuple(sorted((k, tuple(v)) for k, v in shapes.items()))
+        hit = self._output_specs.get(key)
+        if hit is not None:
+            self._output_specs.move_to_end(key)
+            return hit
+        try:
+            table = infer_shapes(fixed_input_model(self.store.graph(), dict(shapes)))
+        except Exception as exc:  # noqa: BLE001 - shape inference refused: let onnxruntime allocate
+            LOG.debug("no output shapes for %s: %s", shapes, exc)
+            table = {}
+        specs: list[dict | None] = []
+        for entry in self.store.atoms:
+            atom_specs: dict | None = {}
+            for name in entry.atom.outputs:
+                shape, dtype = table.get(name, (None, None))
+                if shape is None or any(d is None or d <= 0 for d in shape):
+                    atom_specs = None
+                    break
+                atom_specs[name] = (tuple(int(d) for d in shape), np.dtype(dtype))
+            specs.append(atom_specs)
+        self._output_specs[key] = specs
+        while len(self._output_specs) > 16:
+            self._output_specs.popitem(last=False)
+        return specs
 
     def stats(self) -> dict:
         partition = self.partition
@@ -200,6 +250,8 @@ class SwappedExecutor:
             "partition": list(partition.bounds) if partition else None,
             "pinned_blocks": sum(partition.pinned) if partition else 0,
             "resident_limit": partition.resident_limit if partition else self.resident_limit,
+            "wrap_prefetch": partition.wrap if partition else False,
+            "streamed": bool(partition and partition.ahead is not None),
             "resident_weight_bytes": self.pipeline.resident_bytes(),
             "weight_bytes": self.store.weights_bytes,
             "predicted_ms": partition.predicted_ms if partition else None,

@@ -13,8 +13,16 @@ prefetch overlapping I/O and compute:
 
     T = t_in(b_0) + Σ_i max(t_ex(b_i) + t_out(b_i), t_in(b_{i+1})) + t_ex(b_last) + t_out(b_last)
 
+With frames back to back, a partition may also *wrap*: while the last block runs, the loader
+prefetches the next frame's first swapped block, so the frame no longer opens with a
+synchronous load; that block's weights then count at the last block's peak
+(``act_last + w_last + w_first``).  The constraint is per block — activations are small where
+the weights are large (deep layers), which is where the budget has room to read ahead.
+
 A DP over cut positions (state: the last block) finds the fastest all-swapped partition under
-B; then blocks are pinned greedily while the budget allows.  ``LookupTable`` does this for a
+B; then blocks are pinned greedily while the budget allows.  Wrapped and streamed variants
+(``ahead_limits``: a time-varying read-ahead allowance per block) of that partition and of the
+finest grouping are candidates too; the fastest that fits wins.  ``LookupTable`` does this for a
 ladder of budget levels once, so a budget change is a bisect (microseconds), not a search.
 """
 from __future__ import annotations
@@ -54,9 +62,11 @@ class MemoryModel:
 
 
 class Scheduler:
-    def __init__(self, atoms: AtomTable, delay: DelayModel, memory: MemoryModel, *, resident_limit: int = 2):
+    def __init__(self, atoms: AtomTable, delay: DelayModel, memory: MemoryModel, *, resident_limit: int = 2,
+                 stream: bool = True):
         if resident_limit < 1:
             raise ValueError(f"resident_limit must be >= 1, got {resident_limit}")
+        self.stream = stream
         self.atoms = atoms
         self.delay = delay
         self.memory = memory
@@ -90,17 +100,34 @@ class Scheduler:
         return self._act[a][b]
 
     # ----------------------------------------------------------------- prediction
-    def predict(self, bounds: tuple[int, ...], pinned: tuple[bool, ...], resident_limit: int | None = None
-                ) -> tuple[float, int]:
-        """(latency seconds, peak bytes) of a partition, by simulating the prefetch pipeline."""
+    @staticmethod
+    def wrap_block(pinned: tuple[bool, ...], resident_limit: int) -> int | None:
+        """The block a wrapping partition prefetches across frames: the first swapped block,
+        unless it is the last block itself (then nothing is carried over)."""
+        swapped = [i for i, p in enumerate(pinned) if not p]
+        if resident_limit < 2 or not swapped or swapped[0] == len(pinned) - 1:
+            return None
+        return swapped[0]
+
+    def predict(self, bounds: tuple[int, ...], pinned: tuple[bool, ...], resident_limit: int | None = None,
+                wrap: bool = False) -> tuple[float, int]:
+        """(latency seconds, peak bytes) of a partition, by simulating the prefetch pipeline.
+
+        ``wrap``: the last block's run also prefetches the next frame's first swapped block
+        (frames back to back), so that block's load overlaps the last block instead of opening
+        the frame; its weights count at the last block's peak.
+        """
         limit = self.resident_limit if resident_limit is None else resident_limit
         blocks = list(zip(bounds[:-1], bounds[1:]))
         pinned_bytes = sum(self.w(a, b) for (a, b), p in zip(blocks, pinned) if p)
+        carried = self.wrap_block(pinned, limit) if wrap else None
         peak = 0
         for i, (a, b) in enumerate(blocks):
             held = self.act(a, b) + (0 if pinned[i] else self.w(a, b))
             if limit >= 2:
                 nxt = next((j for j in range(i + 1, len(blocks)) if not pinned[j]), None)
+                if nxt is None and i == len(blocks) - 1:
+                    nxt = carried
                 if nxt is not None:
                     held += self.w(*blocks[nxt])
             peak = max(peak, held)
@@ -110,7 +137,12 @@ class Scheduler:
         loader_free = 0.0
         ready = {}
         swapped = [i for i, p in enumerate(pinned) if not p]
-        if swapped and limit >= 2:
+        if carried is not None:
+            # loaded during the previous frame's last block
+            last = blocks[-1]
+            ready[carried] = max(0.0, self.t_in(*blocks[carried]) - self.t_ex(*last) - self.t_out(*last))
+            loader_free = ready[carried]
+        elif swapped and limit >= 2:
             first = swapped[0]
             ready[first] = self.t_in(*blocks[first])
             loader_free = ready[first]
@@ -130,6 +162,79 @@ class Scheduler:
             if not pinned[i]:
                 clock += self.t_out(a, b)
         return clock, peak
+
+    # ----------------------------------------------------------------- streamed prefetch
+    def ahead_limits(self, bounds: tuple[int, ...], pinned: tuple[bool, ...], budget_bytes: int,
+                     wrap: bool = False) -> tuple[int, ...] | None:
+        """Per block k, the most bytes of later swapped weights that may be resident while k runs.
+
+        Time-varying feasibility: while block k' runs it holds ``act_k' + w_k'`` besides the
+        pinned blocks, leaving ``A_k' = room - act_k' - w_k'``.  Bytes read ahead during block k
+        are still ahead when k' runs, less the blocks consumed in between, so
+        ``L_k = min over k' >= k of (A_k' + W(k, k'])``.  Deep blocks with small activations get
+        a large allowance (read far ahead), shallow ones with large activations a small one.
+        None when some block does not fit at all.
+        """
+        blocks = list(zip(bounds[:-1], bounds[1:]))
+        count = len(blocks)
+        weights = [0 if pinned[k] else self.w(*blocks[k]) for k in range(count)]
+        room = budget_bytes - self.memory.overhead_bytes - sum(self.w(*b) for b, p in zip(blocks, pinned) if p)
+        allowance = [room - self.act(*blocks[k]) - weights[k] for k in range(count)]
+        if min(allowance) < 0:
+            return None
+        carried = self.wrap_block(pinned, 2) if wrap else None
+        limits = []
+        for k in range(count):
+            later = list(range(k + 1, count)) + (list(range(carried + 1)) if carried is not None else [])
+            best, consumed = allowance[k], 0
+            for j in later:
+                consumed += weights[j]
+                best = min(best, allowance[j] + consumed)
+            total = sum(weights[k + 1:]) + (weights[carried] if carried is not None else 0)
+            limits.append(max(0, min(best, total)))
+        return tuple(limits)
+
+    def predict_streamed(self, bounds: tuple[int, ...], pinned: tuple[bool, ...], ahead: tuple[int, ...],
+                         wrap: bool = False) -> tuple[float, int]:
+        """(latency seconds, peak bytes) with a loader streaming later blocks' bytes in order,
+        never more than ``ahead[k]`` bytes beyond the running block k (frames back to back)."""
+        blocks = list(zip(bounds[:-1], bounds[1:]))
+        count = len(blocks)
+        weights = [0 if pinned[k] else self.w(*blocks[k]) for k in range(count)]
+        pinned_bytes = sum(self.w(*b) for b, p in zip(blocks, pinned) if p)
+        peak = self.memory.overhead_bytes + pinned_bytes + max(
+            self.act(*blocks[k]) + weights[k] + ahead[k] for k in range(count))
+        loads = [0.0 if pinned[k] else self.t_in(*blocks[k]) for k in range(count)]
+        total = sum(weights)
+        rate = sum(loads) / total if total else 0.0  # seconds per byte, block overheads spread
+        carried = self.wrap_block(pinned, 2) if wrap else None
+        ends = list(_accumulate(weights))
+
+        def frame(pre: int) -> tuple[float, int]:
+            clock = loader = 0.0
+            position, limit = pre, 0
+            for k in range(count):
+                if position >= limit:  # the loader was held back by the previous allowance
+                    loader = max(loader, clock)
+                if position < ends[k]:
+                    loader += rate * (ends[k] - position)
+                    position = ends[k]
+                start = max(clock, loader)
+                finish = start + self.t_ex(*blocks[k]) + (self.t_out(*blocks[k]) if weights[k] else 0.0)
+                limit = ends[k] + ahead[k]
+                if rate > 0 and position < limit:
+                    loader = max(loader, start)
+                    step = min(limit - position, int((finish - loader) / rate)) if finish > loader else 0
+                    position += max(step, 0)
+                    loader += rate * max(step, 0)
+                clock = finish
+            carried_bytes = min(max(position - total, 0), weights[carried]) if carried is not None else 0
+            return clock, carried_bytes
+
+        latency, carried_bytes = frame(0)
+        if carried_bytes:
+            latency, _ = frame(carried_bytes)
+        return latency, peak
 
     # ----------------------------------------------------------------- search
     def min_budget_bytes(self) -> int:
@@ -208,18 +313,43 @@ class Scheduler:
                 continue
             pinned, latency, peak = self._pin(bounds, budget_bytes, limit)
             if peak <= budget_bytes:
-                candidates.append((latency, peak, bounds, pinned, limit))
+                candidates.append((latency, peak, bounds, pinned, limit, False, None))
+                if self.wrap_block(pinned, limit) is not None:
+                    t_wrap, pk_wrap = self.predict(bounds, pinned, limit, wrap=True)
+                    if pk_wrap <= budget_bytes:
+                        candidates.append((t_wrap, pk_wrap, bounds, pinned, limit, True, None))
+            if limit >= 2 and self.stream:
+                candidates.extend(self._streamed(bounds, pinned, budget_bytes))
+        if self.stream and self.resident_limit >= 2:
+            finest = tuple(range(self.n + 1))
+            candidates.extend(self._streamed(finest, (False,) * self.n, budget_bytes))
         # Everything resident in one block is always a candidate when it fits.
         t_all, pk_all = self.predict((0, self.n), (True,), 1)
         if pk_all <= budget_bytes:
-            candidates.append((t_all, pk_all, (0, self.n), (True,), 1))
+            candidates.append((t_all, pk_all, (0, self.n), (True,), 1, False, None))
         if not candidates:  # the one-atom, no-prefetch partition always fits above the minimum
             bounds = tuple(range(self.n + 1))
             pinned = (False,) * self.n
             latency, peak = self.predict(bounds, pinned, 1)
-            candidates.append((latency, peak, bounds, pinned, 1))
-        latency, peak, bounds, pinned, limit = min(candidates, key=lambda c: (c[0], c[1]))
-        return Partition(bounds, pinned, latency * 1e3, peak, limit)
+            candidates.append((latency, peak, bounds, pinned, 1, False, None))
+        latency, peak, bounds, pinned, limit, wrap, ahead = min(candidates, key=lambda c: (c[0], c[1]))
+        return Partition(bounds, pinned, latency * 1e3, peak, limit, wrap=wrap, ahead=ahead)
+
+    def _streamed(self, bounds: tuple[int, ...], pinned: tuple[bool, ...], budget_bytes: int) -> list[tuple]:
+        """Streamed-prefetch candidates for a grouping (with and without wrapping) that fit."""
+        out = []
+        for wrap in (False, True):
+            if wrap and self.wrap_block(pinned, 2) is None:
+                continue
+            if not any(not p for p in pinned):
+                continue
+            ahead = self.ahead_limits(bounds, pinned, budget_bytes, wrap)
+            if ahead is None:
+                continue
+            latency, peak = self.predict_streamed(bounds, pinned, ahead, wrap)
+            if peak <= budget_bytes:
+                out.append((latency, peak, bounds, pinned, 2, wrap, ahead))
+        return out
 
     def naive(self, budget_bytes: int) -> Partition:
         """The paper's "w/o-pat-sch": equal-weight blocks, the fewest that fit, nothing pinned."""
@@ -262,7 +392,9 @@ class LookupTable:
                 partition = self.partitions[-1]
             if self.partitions and partition.bounds == self.partitions[-1].bounds and \
                     partition.pinned == self.partitions[-1].pinned and \
-                    partition.resident_limit == self.partitions[-1].resident_limit:
+                    partition.resident_limit == self.partitions[-1].resident_limit and \
+                    partition.wrap == self.partitions[-1].wrap and \
+                    partition.ahead == self.partitions[-1].ahead:
                 continue
             self.levels.append(level)
             self.partitions.append(partition)

@@ -40,7 +40,7 @@ from dynnet_ros.swap.swapin import ALIGN, HostArena, WeightReader, align_up
 
 LOG = logging.getLogger(__name__)
 STORE_FORMAT = "dynnet-swap-store"
-STORE_VERSION = 1
+STORE_VERSION = 2  # 2: activation calibration over several input sizes (measure_activations)
 WEIGHTS_FILE = "weights.bin"
 GRAPH_FILE = "graph.onnx"
 
@@ -285,54 +285,141 @@ def _status_kb(key: str) -> int:
     raise KeyError(key)
 
 
-def measure_activations(graph: onnx.ModelProto, atoms: list[blocks.Atom], models: list[bytes],
-                        shapes: dict[str, tuple[int, ...]], *, pre_optimized: bool) -> list[int] | None:
-    """Peak bytes each atom's session really adds while it runs at the reference size, plus the
-    activations alive at its entry.  None where the peak cannot be reset (no /proc/self/clear_refs).
+#: Input sizes (H, W) the activation calibration measures besides the reference size, for
+#: models whose image inputs have symbolic H and W: what the model nodes serve from the usual
+#: cameras (320x240 -> 256x320; 1280x720 at max_input_side 640 -> 384x640; 640x480 is the
+#: reference). Why: the measured/estimated ratio is not constant over sizes — lane's basic
+#: atoms 2-3 took 1.05x their estimate at 480x640 but 1.38x at 384x640.
+CALIBRATION_SIZES: tuple[tuple[int, int], ...] = ((256, 320), (384, 640))
+#: Sizes whose ratio sets the calibration: at least this fraction of the reference's pixels.
+#: Why not all: an atom's size-independent temporaries (level-ALL weight reorders: ~9 MB in
+#: lane's last atom) make small sizes' ratios large (3.6x at 256x320 vs 1.9x at 480x640), and
+#: one multiplicative factor (``Store._calibrated``) carried to the reference size would then
+#: reserve 1.8x what that atom needs there. Smaller sizes are still measured (debug log).
+CALIBRATION_MIN_PIXELS = 0.5
+#: Headroom on the largest measured/estimated ratio (heap high-water-mark noise between runs:
+#: up to ±0.4 MB per atom in repeated measurements here; the scheduler adds its own 1.1x).
+CALIBRATION_MARGIN = 1.05
 
-    Runs every atom once, in order, on random inputs, with the same session options and the
-    same allocator setting as the swap executor.
-    """
-    import gc
 
-    from dynnet_ros.swap.assembly import atom_session_options
-    from dynnet_ros.engine.memtrim import pin_mmap_threshold
-    from dynnet_ros.swap.executor import MMAP_THRESHOLD
+def calibration_shapes(graph: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> list[dict[str, tuple[int, ...]]]:
+    """The reference ``shapes`` first, then one variant per ``CALIBRATION_SIZES`` entry with
+    every 4-D input's symbolic H, W set to it (none for models with fixed sizes)."""
+    out = [dict(shapes)]
+    for height, width in CALIBRATION_SIZES:
+        variant = dict(shapes)
+        for value in graph.graph.input:
+            dims = value.type.tensor_type.shape.dim
+            shape = shapes.get(value.name)
+            if shape is None or len(shape) != 4 or len(dims) != 4:
+                continue
+            if dims[2].dim_param and dims[3].dim_param:
+                variant[value.name] = (shape[0], shape[1], height, width)
+        if variant not in out:
+            out.append(variant)
+    return out
 
-    pin_mmap_threshold(MMAP_THRESHOLD)
-    rng = np.random.default_rng(0)
+
+def _pixels(shapes: dict[str, tuple[int, ...]]) -> int:
+    """Pixels of the largest 4-D input (the size that scales an image model's activations)."""
+    return max((int(s[2]) * int(s[3]) for s in shapes.values() if len(s) == 4), default=1)
+
+
+def _random_inputs(graph: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], rng) -> dict[str, np.ndarray]:
     env: dict[str, np.ndarray] = {}
     for value in graph.graph.input:
         if value.name in shapes:
             dtype = dtype_of(value.type.tensor_type.elem_type)
             shape = shapes[value.name]
             env[value.name] = (rng.random(shape).astype(dtype) if dtype.kind == "f" else np.ones(shape, dtype))
+    return env
+
+
+def _atom_peak_bytes(session: ort.InferenceSession, outputs: list[str], feeds: dict) -> tuple[int, list] | None:
+    """(bytes the run added to the high-water mark, results), on a trimmed heap; None without clear_refs."""
+    from dynnet_ros.engine.memtrim import release_memory
+
+    # Freed but still-resident heap from earlier work (building the store, other atoms) would
+    # absorb the atom's allocations unseen; a node trims its heap after loading, so measure so.
+    release_memory()
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+    except OSError:
+        return None
+    before = _status_kb("VmRSS")
+    results = session.run(outputs, feeds)
+    return max(0, (_status_kb("VmHWM") - before) * 1024), results
+
+
+def measure_activations(graph: onnx.ModelProto, atoms: list[blocks.Atom], models: list[bytes],
+                        shapes: dict[str, tuple[int, ...]], *, pre_optimized: bool) -> list[int] | None:
+    """Per atom, calibrated activation bytes at the reference size: the activations alive at its
+    entry plus the peak its session adds while it runs, measured at the reference size and at
+    ``CALIBRATION_SIZES``; the largest measured/estimated ratio over the reference and the sizes
+    of at least ``CALIBRATION_MIN_PIXELS`` of its pixels, times ``CALIBRATION_MARGIN``, times the
+    reference estimate.  ``Store._calibrated`` scales the estimate at any size by this ratio
+    (never below 1).  None where the peak cannot be reset (no /proc/self/clear_refs).
+
+    Every atom's session is created once and run at each size, in order, on random inputs, with
+    the same session options and thread count as the swap executor, on a trimmed heap.
+    """
+    from dynnet_ros.swap.assembly import atom_session_options
+    from dynnet_ros.engine.memtrim import pin_mmap_threshold
+    from dynnet_ros.swap.executor import MMAP_THRESHOLD
+
+    pin_mmap_threshold(MMAP_THRESHOLD)
+    sizes = calibration_shapes(graph, shapes)
+    rng = np.random.default_rng(0)
+    envs = [_random_inputs(graph, s, rng) for s in sizes]
+    alive = [True] * len(sizes)  # a size the model rejects is dropped (the reference must work)
     last_reader = {}
     for atom in atoms:
         for name in atom.inputs:
             last_reader[name] = atom.index
     outputs = {o.name for o in graph.graph.output}
-    measured = []
+    measured = [[0] * len(atoms) for _ in sizes]
     for atom, model in zip(atoms, models):
         session = ort.InferenceSession(model, atom_session_options(pre_optimized=pre_optimized),
                                        providers=["CPUExecutionProvider"])
-        feeds = {i.name: env[i.name] for i in session.get_inputs()}
-        entry = sum(v.nbytes for v in env.values())
-        gc.collect()
-        try:
-            with open("/proc/self/clear_refs", "w") as handle:
-                handle.write("5")
-        except OSError:
-            return None
-        before = _status_kb("VmRSS")
-        results = session.run(list(atom.outputs), feeds)
-        peak = (_status_kb("VmHWM") - before) * 1024
-        measured.append(int(entry + max(peak, 0)))
-        env.update(zip(atom.outputs, results))
-        for name in [n for n, last in last_reader.items() if last == atom.index and n not in outputs]:
-            env.pop(name, None)
-        del session, results
-    return measured
+        names = [i.name for i in session.get_inputs()]
+        # One unmeasured run first: what a session allocates once and keeps (kernel state, the
+        # runtime's per-thread buffers on the process's first run) is not activation memory.
+        session.run(list(atom.outputs), {n: envs[0][n] for n in names})
+        for k, env in enumerate(envs):
+            if not alive[k]:
+                continue
+            entry = sum(v.nbytes for v in env.values())
+            try:
+                got = _atom_peak_bytes(session, list(atom.outputs), {n: env[n] for n in names})
+            except Exception as exc:  # noqa: BLE001 — only the reference size is required
+                if k == 0:
+                    raise
+                LOG.debug("activation calibration skips %s: %s", sizes[k], exc)
+                alive[k] = False
+                continue
+            if got is None:
+                return None
+            peak, results = got
+            measured[k][atom.index] = int(entry + peak)
+            env.update(zip(atom.outputs, results))
+            for name in [n for n, last in last_reader.items() if last == atom.index and n not in outputs]:
+                env.pop(name, None)
+            del results
+        del session
+    envs.clear()
+    ratio = [0.0] * len(atoms)
+    reference: tuple[int, ...] = ()
+    for k, size in enumerate(sizes):
+        if not alive[k]:
+            continue
+        estimate = blocks.atom_costs(graph, atoms, size).act_bytes
+        reference = reference or estimate
+        ratios = [m / max(e, 1) for m, e in zip(measured[k], estimate)]
+        LOG.debug("activation calibration at %s: measured/estimated %s", size, [round(r, 2) for r in ratios])
+        if k == 0 or _pixels(size) >= CALIBRATION_MIN_PIXELS * _pixels(sizes[0]):
+            ratio = [max(a, b) for a, b in zip(ratio, ratios)]
+    return [int(r * CALIBRATION_MARGIN * e) for r, e in zip(ratio, reference)]
 
 
 def prepare(model: ModelLike, out_dir: str | os.PathLike, *, max_atoms: int = blocks.DEFAULT_MAX_ATOMS,
