@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dynnet_ros.engine.procmem import status_bytes
+
 NAME = "bench"
 HELP = "benchmark the planned engine against plain onnxruntime (fresh process each)"
 
@@ -93,14 +95,6 @@ def make_feeds(specs, height: int, width: int, rng: np.random.Generator) -> dict
 
 
 # ---------------------------------------------------------------------------------- worker
-def _status(key: str) -> int:
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{key} missing from /proc/self/status")
-
-
 def _worker(config: dict) -> dict:
     """Runs in a fresh interpreter: load one side, run the sequence, report."""
     import onnxruntime as ort
@@ -127,7 +121,7 @@ def _worker(config: dict) -> dict:
             handle.write("5")
     except OSError:
         pass
-    baseline = _status("VmRSS")
+    baseline = status_bytes("VmRSS")
     start = time.perf_counter()
     if config["side"] == "engine":
         engine = Engine(config["model"], backend=config["backend"], threads=config["threads"])
@@ -141,7 +135,7 @@ def _worker(config: dict) -> dict:
         def run(feeds):
             return dict(zip(names, session.run(names, feeds)))
     load_s = time.perf_counter() - start
-    load_peak = _status("VmHWM") - baseline
+    load_peak = status_bytes("VmHWM") - baseline
     latencies, cpu_ms, first_at, first_cpu = [], [], {}, {}
     for shape in shapes:
         c0, t0 = time.process_time(), time.perf_counter()
@@ -151,7 +145,7 @@ def _worker(config: dict) -> dict:
         latencies.append(latency)
         first_at.setdefault(shape, latency)
         first_cpu.setdefault(shape, cpu_ms[-1])
-    peak = _status("VmHWM") - baseline
+    peak = status_bytes("VmHWM") - baseline
     steady, steady_cpu = {}, {}
     for shape in first_at:
         runs, cpu_runs = [], []
@@ -167,7 +161,7 @@ def _worker(config: dict) -> dict:
     cpu_ratios = [first_cpu[s] / steady_cpu[s] for s in steady_cpu if steady_cpu[s] > 0]
     result = {
         "side": config["side"], "load_s": load_s, "load_peak_mb": load_peak / 2**20,
-        "peak_mb": peak / 2**20, "rss_end_mb": (_status("VmRSS") - baseline) / 2**20,
+        "peak_mb": peak / 2**20, "rss_end_mb": (status_bytes("VmRSS") - baseline) / 2**20,
         "mean_ms": float(np.mean(latencies)), "p95_ms": float(np.percentile(latencies, 95)),
         "latencies_ms": latencies,
         # CPU time of the process per run: steadier than wall time on a shared machine

@@ -31,20 +31,14 @@ from pathlib import Path
 
 import numpy as np
 
+from dynnet_ros.engine.procmem import status_bytes
+
 MB = 1 << 20
 SPECIAL_INPUTS = {"score_threshold": np.array([0.3], np.float32), "iou_threshold": np.array([0.5], np.float32),
                   "max_detections": np.array([50], np.int64)}
 
 
 # ---------------------------------------------------------------------------- measurements
-def proc_status_kb(key: str) -> int:
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    raise KeyError(key)
-
-
 def meminfo_kb(key: str) -> int:
     with open("/proc/meminfo") as handle:
         for line in handle:
@@ -118,7 +112,7 @@ def worker(config: dict) -> dict:
 
     gc.collect()
     reset_peak()
-    baseline = proc_status_kb("VmRSS")
+    baseline = status_bytes("VmRSS") // 1024
     cached0 = meminfo_kb("Cached")
     mode = config["mode"]
     budget = config.get("budget_mb")
@@ -141,7 +135,7 @@ def worker(config: dict) -> dict:
     if mode in ("swap", "naive") and budget is not None:
         engine.set_memory_budget(budget)
     del first
-    peak_load = proc_status_kb("VmHWM") - baseline
+    peak_load = status_bytes("VmHWM") // 1024 - baseline
     gc.collect()
     reset_peak()
     latencies = []
@@ -152,8 +146,8 @@ def worker(config: dict) -> dict:
         t0 = time.perf_counter()
         outputs = engine.run(feeds)
         latencies.append((time.perf_counter() - t0) * 1e3)
-    peak = proc_status_kb("VmHWM") - baseline
-    rss_end = proc_status_kb("VmRSS") - baseline
+    peak = status_bytes("VmHWM") // 1024 - baseline
+    rss_end = status_bytes("VmRSS") // 1024 - baseline
     cached1 = meminfo_kb("Cached")
     stats = engine.stats()
     result = {

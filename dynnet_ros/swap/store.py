@@ -33,6 +33,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from dynnet_ros.engine.procmem import status_bytes
 from dynnet_ros.engine.model_io import ModelLike, load_model
 from dynnet_ros.swap import blocks
 from dynnet_ros.swap.graphinfo import INLINE_LIMIT_BYTES, dtype_of, light_model, tensor_nbytes
@@ -277,14 +278,6 @@ def optimize_atom(atom_model: onnx.ModelProto, workdir: Path) -> onnx.ModelProto
 OPTIMIZE_LEVELS = ("all", "basic")
 
 
-def _status_kb(key: str) -> int:
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    raise KeyError(key)
-
-
 #: Input sizes (H, W) the activation calibration measures besides the reference size, for
 #: models whose image inputs have symbolic H and W: what the model nodes serve from the usual
 #: cameras (320x240 -> 256x320; 1280x720 at max_input_side 640 -> 384x640; 640x480 is the
@@ -347,9 +340,9 @@ def _atom_peak_bytes(session: ort.InferenceSession, outputs: list[str], feeds: d
             handle.write("5")
     except OSError:
         return None
-    before = _status_kb("VmRSS")
+    before = status_bytes("VmRSS")
     results = session.run(outputs, feeds)
-    return max(0, (_status_kb("VmHWM") - before) * 1024), results
+    return max(0, status_bytes("VmHWM") - before), results
 
 
 def measure_activations(graph: onnx.ModelProto, atoms: list[blocks.Atom], models: list[bytes],
