@@ -194,3 +194,19 @@ def test_store_variant_crossing_reuses_a_warm_executor(monkeypatch):
     engine.set_memory_budget(None)
     assert swap.parked == {} and swap.swapped is None
     engine.close()
+
+
+def test_inmemory_level_prices_the_planned_engine():
+    """The in-memory level (top of the latency table, what the budget manager sees) is the planned
+    engine's weights + its arena at the reference shape + its runtime base, not a plain
+    onnxruntime session's footprint (which counts weights and activations twice)."""
+    from dynnet_ros.swap import blocks
+    from dynnet_ros.swap.control import PLANNED_BASE_BYTES, inmemory_estimate_bytes
+
+    engine = Engine(str(ensure_model("depth")), threads=1)
+    arena = engine._executor.plan_for(blocks.reference_shapes(engine.proto)).height
+    level = engine.latency_table()[-1][0]
+    assert level * 2**20 == pytest.approx(engine.weight_bytes + arena + PLANNED_BASE_BYTES, rel=1e-6)
+    assert level * 2**20 < 0.7 * inmemory_estimate_bytes(engine.weight_bytes, arena)
+    assert engine.min_budget_mb() <= level
+    engine.close()

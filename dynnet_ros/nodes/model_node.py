@@ -59,6 +59,23 @@ MESSAGE_HOLD_S = 30.0
 
 
 @dataclass(frozen=True)
+class ModelInterface:
+    """A model's inputs and outputs, read from its graph without loading its weights."""
+
+    inputs: list
+    outputs: list[str]
+
+
+def model_interface(path: str) -> ModelInterface:
+    """ValueError for a missing, unreadable or invalid model file (the same messages as Engine)."""
+    from dynnet_ros.engine.model_io import input_specs, output_names
+    from dynnet_ros.engine.plan.loader import load_skeleton
+
+    proto = load_skeleton(path)
+    return ModelInterface(input_specs(proto), output_names(proto))
+
+
+@dataclass(frozen=True)
 class FrameInfo:
     """What post-processing needs of a camera message once its pixels are in the input tensor."""
 
@@ -161,8 +178,8 @@ class ModelNode(Node):
                                f"inputs {[s.describe() for s in self.engine.inputs]}")
 
     # ------------------------------------------------------------------ subclass hooks
-    def check_model(self, engine: Engine) -> None:
-        """Raise ValueError when the engine's model does not fit this node's task."""
+    def check_model(self, engine: "ModelInterface | Engine") -> None:
+        """Raise ValueError when the model (its inputs and outputs) does not fit this node's task."""
         names = {s.name for s in engine.inputs}
         if "image" not in names:
             raise ValueError(f"model has inputs {sorted(names)}; a {self.task} model needs 'image'")
@@ -189,6 +206,9 @@ class ModelNode(Node):
 
             path = str(ensure_model(self.task))
         threads = int(params["threads"]) or None
+        # the task check first, on the graph alone: a wrong model is named as such, not as
+        # "over budget", and is never loaded
+        self.check_model(model_interface(path))
         budget = self._engine_budget(params["memory_budget_mb"])
         try:
             engine = Engine(path, backend=params["backend"], threads=threads, memory_budget_mb=budget)
@@ -204,11 +224,6 @@ class ModelNode(Node):
                 f"memory_budget_mb {budget:g} leaves the model {budget - self.frame.total_mb:.1f} MB next to this "
                 f"node's {self.frame.total_mb:.1f} MB of frame buffers, below its minimum "
                 f"{engine.min_budget_mb():.1f} MB; running the model at {budget:g} MB")
-        try:
-            self.check_model(engine)
-        except ValueError:
-            engine.close()
-            raise
         self._engine_budget_mb = budget
         return engine
 

@@ -42,10 +42,22 @@ INMEMORY_LATENCY_PRIOR = 0.9
 VARIANT_MIN_GAP_BYTES = MB
 
 
+#: The planned engine's footprint beyond its weights and main arena: onnxruntime's environment,
+#: segment sessions, kernel code touched while running, If-branch arenas. Measured at 480x640 on
+#: the zoo models: 17.5-29.6 MB (gated, with four planned If branches, is the high end).
+PLANNED_BASE_BYTES = 30 * MB
+
+
 def inmemory_estimate_bytes(weight_bytes: int, act_bytes: int) -> int:
     """What the plain onnxruntime executor holds: the ModelProto's weights, the session's copy,
     activations in its arena and the runtime itself."""
     return 2 * weight_bytes + 2 * act_bytes + ESTIMATED_BASE_BYTES + 8 * MB
+
+
+def planned_estimate_bytes(weight_bytes: int, arena_bytes: int) -> int:
+    """What the planned engine holds: one copy of the weights (read from the model file), its
+    arena at the reference shape and ``PLANNED_BASE_BYTES`` (real peaks: 0.77-0.99x this)."""
+    return weight_bytes + arena_bytes + PLANNED_BASE_BYTES
 
 
 class SwapControl:
@@ -146,8 +158,13 @@ class SwapControl:
         raise ValueError(self._table(lowest).scheduler.below_minimum_message(budget_bytes))
 
     def inmemory_bytes(self) -> int:
-        """Estimated in-memory footprint; computed from the graph alone (no store is built)."""
+        """Estimated in-memory footprint: from the planned executor's arena plan at the reference
+        shape when it exists, else from the graph alone (no store is built)."""
         if self._inmemory is None:
+            planned = self._planned_arena_bytes()
+            if planned is not None:
+                self._inmemory = planned_estimate_bytes(self.engine.weight_bytes, planned)
+                return self._inmemory
             if self.store is not None:
                 act = max(self.store.reference_costs().act_bytes)
             else:
@@ -157,6 +174,16 @@ class SwapControl:
                                             shapes).act_bytes)
             self._inmemory = inmemory_estimate_bytes(self.engine.weight_bytes, act)
         return self._inmemory
+
+    def _planned_arena_bytes(self) -> int | None:
+        """The in-memory planned executor's arena height at the reference input shape, if it runs."""
+        executor = getattr(self.engine, "_executor", None)
+        if executor is None or not hasattr(executor, "plan_for"):
+            return None
+        try:
+            return int(executor.plan_for(blocks.reference_shapes(self.engine.proto)).height)
+        except (ValueError, KeyError):
+            return None
 
     # ------------------------------------------------------------------ policy
     def apply(self, budget_mb: float | None, current):
@@ -175,6 +202,10 @@ class SwapControl:
             self.swapped.close()
             self.swapped = None
             return executor
+        if budget_mb * MB < self.inmemory_bytes() <= self._swapped_minimum_bytes():
+            raise ValueError(f"memory budget {budget_mb:.1f} MB is below this model's minimum "
+                             f"{self.inmemory_bytes() / MB:.1f} MB (in memory; swapped blocks would need "
+                             f"{self._swapped_minimum_bytes() / MB:.1f} MB)")
         if self.engine.backend != "cpu":
             raise ValueError(f"memory budgets below the in-memory footprint need block swapping, which this "
                              f"version runs on the cpu backend only (backend is '{self.engine.backend}')")
@@ -271,7 +302,12 @@ class SwapControl:
 
     # ------------------------------------------------------------------ reporting
     def min_budget_mb(self) -> float:
-        return min(self._table(level).levels[0] for level in self._useful_levels()) / MB
+        """The smaller of the swapped minimum and the in-memory footprint (a lean model may need
+        less in memory than its swapped blocks' runtime floor)."""
+        return min(self._swapped_minimum_bytes(), self.inmemory_bytes()) / MB
+
+    def _swapped_minimum_bytes(self) -> int:
+        return min(self._table(level).levels[0] for level in self._useful_levels())
 
     def observe_run(self, latency_ms: float) -> None:
         """Record a frame's latency; in-memory frames calibrate the table's in-memory level."""
