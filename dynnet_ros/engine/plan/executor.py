@@ -60,10 +60,11 @@ class PlannerOptions:
     # convolution working buffers are exactly 128 KiB at 2 threads (multiexit 40.5 vs 55.6 MB
     # peak at 192 KiB). Process-wide; costs a page fault per touched page of big allocations.
     mmap_threshold: int | None = 128 * 1024
-    # worker threads spin between the ops of a segment's run and stop when it ends ("run");
-    # True: onnxruntime's default (idle pools keep spinning: 10x slower with 20-45 pools on 2
-    # cores); False: every parallel op wakes its threads (1.1-1.2x the wall time of "run" here)
-    spinning: bool | str = "run"
+    # False: every parallel op wakes its threads. True: onnxruntime's default (idle pools keep
+    # spinning: 10x slower with 20-45 pools on 2 cores). "run": spin during a segment's run only
+    # (force_spinning_stop) — no faster on an idle machine (16.1 vs 16.4 ms, pedestrian), 1.75x
+    # slower next to a CPU-bound process (37.7 vs 21.5 ms), so not the default
+    spinning: bool | str = False
     plan_branches: bool = True             # If: taken branch / Loop: body per iteration, as own plans (control.py, loop.py)
     light_segment_threads: int | None = 1  # threads for segments without Conv/Gemm/MatMul (None: same)
     nchwc_max_bytes: int = 2**20           # segments whose tensors stay below this use ORT_ENABLE_ALL (NCHWc)
