@@ -168,3 +168,24 @@ def test_a_damaged_cache_entry_is_rebuilt(tmp_path):
     first.path.write_bytes(first.path.read_bytes()[:100])  # truncated, as after a full disk
     skeleton, laid = laid_out_skeleton(load_for_backend("cpu", path))
     assert laid.path == first.path and any(n.domain == "com.microsoft.nchwc" for n in skeleton.graph.node)
+
+
+def test_balanced_profile_runs_fewer_sessions_with_the_same_outputs(monkeypatch):
+    """$DYNNET_PLAN_PROFILE=balanced: segments only at data-dependent ops and control flow, each with
+    onnxruntime's own arena (near onnxruntime's speed, more memory than the default)."""
+    path = str(ensure_model("pedestrian"))
+    feeds = example_inputs("pedestrian", 224, 256)
+    want = _reference(path, feeds)
+    counts = {}
+    for profile in ("memory", "balanced"):
+        monkeypatch.setenv("DYNNET_PLAN_PROFILE", profile)
+        with Engine(path, threads=1) as engine:
+            got = engine.run(feeds)
+            counts[profile] = len(engine._executor.segments)
+            assert engine._executor.options.segment_arena == (profile == "balanced")
+        for name, value in want.items():
+            np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5)
+    assert counts["balanced"] < counts["memory"] / 2
+    monkeypatch.setenv("DYNNET_PLAN_PROFILE", "fastest")
+    with pytest.raises(ValueError, match="DYNNET_PLAN_PROFILE"):
+        Engine(path, threads=1)

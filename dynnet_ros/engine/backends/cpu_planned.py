@@ -6,6 +6,7 @@ comparison and as a fallback for models the planner cannot cut.
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 
 import onnx
@@ -13,6 +14,22 @@ import onnx
 from dynnet_ros.engine.backends.cpu import OrtExecutor
 
 log = logging.getLogger(__name__)
+
+
+#: Planner settings per profile ($DYNNET_PLAN_PROFILE). "memory" (default): segments cut wherever
+#: the arena plan can hold a big tensor, no onnxruntime arena — peak 0.30-0.56x a plain session,
+#: wall time 1.2-1.5x on an idle machine. "balanced": segments only at data-dependent ops and
+#: control flow, each session with onnxruntime's own arena — peak 0.35-0.86x, wall 1.02-1.28x
+#: (docs/engine.md, "Profiles").
+PROFILES: dict[str, dict] = {"memory": {}, "balanced": {"granularity": "coarse", "segment_arena": True}}
+
+
+def plan_profile() -> dict:
+    """The planner settings of $DYNNET_PLAN_PROFILE (ValueError for an unknown name)."""
+    name = os.environ.get("DYNNET_PLAN_PROFILE", "memory") or "memory"
+    if name not in PROFILES:
+        raise ValueError(f"DYNNET_PLAN_PROFILE={name!r}: choose one of {sorted(PROFILES)}")
+    return dict(PROFILES[name])
 
 
 def create_planned_executor(model: onnx.ModelProto, *, threads: int | None = None, layout: str = "nchwc",
@@ -26,6 +43,7 @@ def create_planned_executor(model: onnx.ModelProto, *, threads: int | None = Non
     """
     from dynnet_ros.engine.plan.executor import PlannedExecutor, PlannerOptions
 
+    options = {**plan_profile(), **options}
     if layout == "nchwc":
         from dynnet_ros.engine.plan.layout import laid_out_skeleton
 
