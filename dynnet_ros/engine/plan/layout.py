@@ -98,7 +98,9 @@ def nchwc_layout(source: str | os.PathLike, *, timeout_s: float = 600) -> LaidOu
             if proc.returncode != 0 or not target.is_file():
                 last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
                 raise ValueError(f"onnxruntime could not lay out {source} for NCHWc: {last}")
-        nodes = sum(1 for n in onnx.load(str(target), load_external_data=False).graph.node
+        from dynnet_ros.engine.plan.loader import skeleton_bytes  # weightless: never the weights in this process
+
+        nodes = sum(1 for n in onnx.ModelProto.FromString(skeleton_bytes(str(target))).graph.node
                     if n.domain == "com.microsoft.nchwc")
         (Path(work) / _META).write_text(json.dumps({"source": str(source), "block_size": cpu_block_size(),
                                                     "nchwc_nodes": nodes, "onnxruntime": ort.__version__}))
