@@ -144,6 +144,17 @@ def laid_out_skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, LaidOutM
     return skeleton, laid
 
 
+def prepare(path: str | os.PathLike) -> LaidOutModel | None:
+    """Check a model file and lay it out ahead of serving (``dynnet zoo build``), so a node's first
+    start finds the checker verdict and the rewrite cached. None where no NCHWc layout applies."""
+    from dynnet_ros.engine.plan.loader import load_skeleton
+
+    try:
+        return laid_out_skeleton(load_skeleton(path))[1]
+    except ValueError:
+        return None
+
+
 def _read_cached(folder: Path) -> LaidOutModel | None:
     try:
         meta = json.loads((folder / _META).read_text())
