@@ -18,10 +18,8 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-import rclpy
 import yaml
 from diagnostic_msgs.msg import DiagnosticArray
-from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter, parameter_value_to_python
 from rclpy.parameter_client import AsyncParameterClient
 from rclpy.qos import qos_profile_sensor_data
@@ -33,6 +31,7 @@ from dynnet_ros.nodes import scene
 from dynnet_ros.nodes.convert import array_to_image, image_to_array, xyzi_to_cloud
 from dynnet_ros.nodes.diagnostics import status_values
 from dynnet_ros.nodes.pedestrian_node import BOX_NS
+from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.zoo import ensure_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,9 +64,8 @@ class Observer:
     """A node in the test process that records the graph's outputs (spun in a thread)."""
 
     def __init__(self) -> None:
-        self.context = rclpy.Context()
-        rclpy.init(context=self.context)
-        self.node = rclpy.create_node("graph_test_observer", context=self.context)
+        self.ros = BackgroundNode("graph_test_observer")
+        self.node = self.ros.node
         self.lock = threading.Lock()
         self.messages: dict[str, list] = defaultdict(list)   # topic -> [(arrival, msg)]
         self.diagnostics: dict[str, list] = defaultdict(list)  # node -> [(arrival, status)]
@@ -79,17 +77,7 @@ class Observer:
         self.image_pub = self.node.create_publisher(Image, NS + "/camera/image_raw", qos_profile_sensor_data)
         self.cloud_pub = self.node.create_publisher(PointCloud2, NS + "/lidar/points", qos_profile_sensor_data)
         self.clients: dict[str, AsyncParameterClient] = {}
-        self.executor = SingleThreadedExecutor(context=self.context)
-        self.executor.add_node(self.node)
-        self.thread = threading.Thread(target=self._spin, daemon=True)
-        self.thread.start()
-
-    def _spin(self) -> None:
-        try:
-            while self.context.ok():
-                self.executor.spin_once(timeout_sec=0.05)
-        except Exception:  # noqa: BLE001 — shutdown while spinning
-            pass
+        self.ros.start()
 
     def _recorder(self, topic: str):
         def record(msg) -> None:
@@ -143,11 +131,7 @@ class Observer:
         return parameter_value_to_python(future.result().values[0])
 
     def close(self) -> None:
-        self.executor.shutdown(timeout_sec=1.0)
-        self.node.destroy_node()
-        if self.context.ok():
-            rclpy.shutdown(context=self.context)
-        self.thread.join(timeout=2.0)
+        self.ros.close()
 
 
 def write_graph_config(tmp_path: Path) -> Path:

@@ -47,10 +47,9 @@ class DiagnosticsRecorder:
     """Collects every node's statuses from /diagnostics (rclpy, spun in a thread)."""
 
     def __init__(self, t0: float, namespace: str = "") -> None:
-        import rclpy
         from diagnostic_msgs.msg import DiagnosticArray
-        from rclpy.executors import SingleThreadedExecutor
 
+        from dynnet_ros.nodes.background import BackgroundNode
         from dynnet_ros.nodes.diagnostics import level_value, status_values
 
         self._values = status_values
@@ -62,23 +61,9 @@ class DiagnosticsRecorder:
         self.latest: dict[str, dict[str, Any]] = {}
         self.memory: list[dict[str, Any]] = []
         self.camera: list[dict[str, Any]] = []  # the simulator's statuses (camera resolution over time)
-        self.context = rclpy.Context()
-        from rclpy.signals import SignalHandlerOptions
-
-        rclpy.init(context=self.context, signal_handler_options=SignalHandlerOptions.NO)  # demo handles signals
-        self.node = rclpy.create_node("dynnet_demo_monitor", context=self.context)
-        self.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 50)
-        self.executor = SingleThreadedExecutor(context=self.context)
-        self.executor.add_node(self.node)
-        self.thread = threading.Thread(target=self._spin, daemon=True)
-        self.thread.start()
-
-    def _spin(self) -> None:
-        try:
-            while self.context.ok():
-                self.executor.spin_once(timeout_sec=0.1)
-        except Exception:  # noqa: BLE001 — context shut down while spinning
-            pass
+        self.ros = BackgroundNode("dynnet_demo_monitor", handle_signals=False, period=0.1)  # demo handles signals
+        self.ros.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 50)
+        self.ros.start()
 
     def _on_diag(self, msg) -> None:
         now = time.monotonic() - self.t0
@@ -98,15 +83,7 @@ class DiagnosticsRecorder:
                 self.latest[node] = sample
 
     def close(self) -> None:
-        import rclpy
-
-        try:
-            self.executor.shutdown(timeout_sec=1.0)
-            self.node.destroy_node()
-        finally:
-            if self.context.ok():
-                rclpy.shutdown(context=self.context)
-        self.thread.join(timeout=2.0)
+        self.ros.close()
 
 
 def _fmt(value: Any, spec: str = ".1f") -> str:
