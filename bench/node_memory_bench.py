@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -61,6 +60,7 @@ def main() -> int:
     budgets = {k: float(v) for k, v in (item.split("=") for item in args.budgets.split(","))}
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
     os.environ.setdefault("ROS_DOMAIN_ID", str(100 + os.getpid() % 100))
+    from dynnet_ros.commands.up import stop_process_group
     from dynnet_ros.graph_config import default_config_path
 
     data = yaml.safe_load(default_config_path().read_text())
@@ -152,11 +152,7 @@ def main() -> int:
         finally:
             node.destroy_node()
             rclpy.shutdown()
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+            stop_process_group(proc)
             log.close()
             errors = [line for line in (Path(tmp) / "graph.log").read_text().splitlines()
                       if "ERROR" in line or "WARN" in line]

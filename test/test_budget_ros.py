@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -33,6 +32,7 @@ from std_msgs.msg import String
 from visualization_msgs.msg import MarkerArray
 
 from dynnet_ros.budget.protocol import BUDGETS_TOPIC, PROFILES_TOPIC
+from dynnet_ros.commands.up import stop_process_group
 from dynnet_ros.graph_config import default_config_path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -185,13 +185,7 @@ def graph(tmp_path_factory):
     finally:
         probe.node.destroy_node()
         rclpy.shutdown()
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_process_group(proc)
         log.close()
 
 

@@ -67,6 +67,21 @@ class Child:
     reader: threading.Thread
 
 
+
+def stop_process_group(proc: subprocess.Popen, timeout: float = 30.0) -> int:
+    """Stop a process started with ``start_new_session=True`` (e.g. ``dynnet up``) and everything it
+    started: SIGINT to the group (a clean shutdown), SIGKILL if it is still there after ``timeout``."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        except ProcessLookupError:
+            pass
+    return proc.wait()
+
 class GraphRunner:
     """Start, watch and stop one process per node. Use as a context manager."""
 
