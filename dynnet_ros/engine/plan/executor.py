@@ -334,7 +334,6 @@ class PlannedExecutor:
         if found is None:
             return None
         first_node, seconds = found
-        self._stem_nodes = found
         if any(not self.graph.is_weight(i) for n in seconds for i in self.graph.nodes[n].input[1:] if i):
             return None
         # The stem becomes one segment where the first conv's segment was: the seconds only read
@@ -356,17 +355,17 @@ class PlannedExecutor:
         # worth it only where the stem sets the peak: bands cost copies and session calls
         sizes = self.reference_sizes
         band_bytes = (sum(sizes.get(t) or 0 for n in stem for t in self.graph.nodes[n].output)
-                      + self._input_sizes.get(self.graph.nodes[first_node].input[0], 0)) / self._stem_band_count()
+                      + self._input_sizes.get(self.graph.nodes[first_node].input[0], 0))
+        band_bytes /= self._stem_band_count(first_node)
         if self._reference_lower_bound(segments) + band_bytes > \
                 (1 - self.options.stem_min_gain) * self._reference_lower_bound(self.segments):
             return None
         self.segments = segments
         return index
 
-    def _stem_band_count(self) -> int:
+    def _stem_band_count(self, first_node: int) -> int:
         """Bands for the stem: a band of its intermediate ~1 MB at the reference shape (4..16)."""
-        found = self._stem_nodes
-        mid_bytes = self.reference_sizes.get(self.graph.nodes[found[0]].output[0]) or 0
+        mid_bytes = self.reference_sizes.get(self.graph.nodes[first_node].output[0]) or 0
         return min(16, max(self.options.stem_bands, -(-mid_bytes // 2**20)))
 
     def _build_banded_runner(self, segment: Segment):
@@ -384,7 +383,7 @@ class PlannedExecutor:
 
         mid_channels = int(self.graph.initializers[first.input[1]].dims[0])
         return BandedRunner(first, seconds, make_session, nchwc_block_size() or 1, mid_channels,
-                            bands=self._stem_band_count(), workspace=f"__stem_workspace_{segment.index}")
+                            bands=self._stem_band_count(segment.nodes[0]), workspace=f"__stem_workspace_{segment.index}")
 
     def _reference_lower_bound(self, segments: list[Segment]) -> int:
         """Max bytes of boundary tensors live at once at the reference shape (unknown sizes: 0)."""

@@ -134,12 +134,12 @@ def laid_out_skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, LaidOutM
         if laid.nchwc_nodes == 0:
             raise ValueError("onnxruntime uses no NCHWc kernels for this model on this CPU")
         try:
-            skeleton = load_skeleton(laid.path)
+            skeleton = load_skeleton(laid.path, check=False)  # written by onnxruntime for us
         except ValueError as exc:  # a damaged cache entry (truncated copy, disk full): rebuild it once
             log.warning("layout cache %s is unreadable (%s); rebuilding it", laid.path.parent, exc)
             shutil.rmtree(laid.path.parent, ignore_errors=True)
             laid = nchwc_layout(source)
-            skeleton = load_skeleton(laid.path)
+            skeleton = load_skeleton(laid.path, check=False)  # written by onnxruntime for us
     set_nchwc_block_size(laid.block_size)
     return skeleton, laid
 

@@ -143,15 +143,17 @@ def check_skeleton(proto: onnx.ModelProto) -> None:
     load_model(_checkable(proto))
 
 
-def load_skeleton(path: str | os.PathLike) -> onnx.ModelProto:
+def load_skeleton(path: str | os.PathLike, *, check: bool = True) -> onnx.ModelProto:
     """A checked, weightless ModelProto for ``path`` (ValueError on unreadable / invalid models).
 
-    The check runs once per file content, in a child process (plan/model_check.py)."""
+    The check runs once per file content, in a child process (plan/model_check.py);
+    ``check=False`` for files this package wrote itself (the layout cache)."""
     from dynnet_ros.engine.plan.model_check import check_model_file
 
     path = os.fspath(path)
     proto = skeleton_proto(path)
-    check_model_file(path, lambda: check_skeleton(proto))
+    if check:
+        check_model_file(path, lambda: check_skeleton(proto))
     if not proto.graph.output:
         raise ValueError(f"{path} has no graph outputs")
     return proto
