@@ -150,14 +150,16 @@ class Probe:
         return next(v for k, v in self.diags.items() if k.startswith(node.rsplit("/", 1)[-1] + ":"))
 
     def engines_at(self, budgets: dict[str, float], timeout: float = 10.0) -> dict[str, int]:
-        """Swap block count of each model's engine once its /diagnostics show ``budgets`` in force."""
+        """Resident weight bytes of each model's engine once its /diagnostics show ``budgets`` in
+        force (all of its weights while it runs in memory)."""
         def ready():
             out = {}
             for n in MODEL_NODES:
                 values = self.node_status(n)["values"]
                 if float(values["engine.memory_budget_mb"] or "nan") != pytest.approx(budgets[n], abs=1e-3):
                     return None
-                out[n] = int(values["engine.blocks"])
+                resident = values.get("engine.resident_weight_bytes")
+                out[n] = int(float(resident if resident not in (None, "", "None") else values["engine.weight_bytes"]))
             return out
         return self.spin_until(ready, timeout, f"engines running at {budgets}")
 
@@ -247,7 +249,7 @@ def test_budgets_follow_memory_pressure(graph, hog):
     before = probe.acked()
     sum_min = sum(probe.last()["nodes"][n]["min_mb"] for n in MODEL_NODES)
     sum_max = sum(probe.last()["nodes"][n]["max_mb"] for n in MODEL_NODES)
-    blocks_full = probe.engines_at(before)
+    resident_full = probe.engines_at(before)
     counts0 = dict(probe.counts)
 
     def squeeze(target_pool: float, done, what: str) -> int:
@@ -290,7 +292,7 @@ def test_budgets_follow_memory_pressure(graph, hog):
                      and all(probe.acked()[n] == pytest.approx(probe.last()["nodes"][n]["min_mb"], abs=0.5)
                              for n in MODEL_NODES), 30, "every model at its minimum")
     at_min = probe.acked()
-    blocks_min = probe.engines_at(at_min)
+    resident_min = probe.engines_at(at_min)
     # (memory elsewhere on the machine may be freed meanwhile: squeeze tops the hog up again)
     squeeze(sum_min - 256, lambda: probe.last()["infeasible"] and any(
         k.startswith("budget_manager: allocation") and v["level"] == 2 for k, v in probe.diags.items()),
@@ -307,14 +309,15 @@ def test_budgets_follow_memory_pressure(graph, hog):
                              for n in MODEL_NODES), 30, "budgets to rise again after the hog freed")
     timings["recovery"] = (0, time.monotonic() - freed)
     print(f"\nbudget test: min {sum_min:.1f} MB, max {sum_max:.1f} MB in total; full {before}; "
-          f"under pressure {shrunk}; at minimum {at_min}; blocks at full {blocks_full}, at minimum {blocks_min}; "
+          f"under pressure {shrunk}; at minimum {at_min}; resident weight bytes at full {resident_full}, "
+          f"at minimum {resident_min}; "
           f"hog MB and seconds from its last step to the budgets acknowledged: {timings}")
     probe.spin_for(3.0)
     _graph_alive(proc, log)
 
-    # The engines really repartitioned: more, smaller blocks at the minimum than at full budget.
+    # The engines really swap at their minimum: fewer weights resident than at full budget.
     for n in MODEL_NODES:
-        assert blocks_min[n] >= 2 and blocks_min[n] > blocks_full[n], (n, blocks_min, blocks_full)
+        assert resident_min[n] < resident_full[n], (n, resident_min, resident_full)
     # Every allocation the manager published fit its pool and each node's bounds.
     for r in probe.reports:
         targets = {n: v["target_mb"] for n, v in r["nodes"].items()}

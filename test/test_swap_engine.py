@@ -1,4 +1,5 @@
-"""Engine.set_memory_budget with block swapping on every zoo model: equal outputs, rejection, LUT switch."""
+"""Engine.set_memory_budget with per-block sessions (DYNNET_SWAP_MODE=blocks) on every zoo model:
+equal outputs, rejection, LUT switch. The default streamed mode: test_swap_streamed.py."""
 from __future__ import annotations
 
 import numpy as np
@@ -16,6 +17,7 @@ SIZES = [(96, 128), (64, 96)]  # the larger first: budgets are set against its m
 def isolated(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("DYNNET_SWAP_DIR", str(tmp_path_factory.getbasetemp() / "swap-stores"))
     monkeypatch.setenv("DYNNET_SWAP_PROFILE", str(tmp_path_factory.getbasetemp() / "no-profile.yaml"))
+    monkeypatch.setenv("DYNNET_SWAP_MODE", "blocks")
 
 
 def check_equal(got: dict, want: list, names: list[str]) -> None:

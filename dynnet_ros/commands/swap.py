@@ -97,8 +97,20 @@ def _prepare(args) -> int:
     console.print(table)
     console.print(f"{store.index['optimized']} store; weights.bin {store.weights_bytes / 2**20:.1f} MB (4096-aligned), "
                   f"inline constants {store.index['inline_weight_bytes'] / 1024:.1f} KB")
+    from dynnet_ros.swap.streamed import prepare as prepare_streaming
+
+    with console.status("weight file for streaming …"):
+        streamed = prepare_streaming(model)
+    if streamed is None:
+        console.print("no blocked layout on this CPU: budgets swap the per-block sessions above")
+    else:
+        console.print(f"streamed weights (the default swap mode): {streamed.directory}, "
+                      f"{len(streamed.tensors)} tensors, {streamed.size / 2**20:.1f} MB, FC weights split at "
+                      f"{streamed.index['split_bytes'] / 2**20:.2f} MB")
     if args.json:
-        args.json.write_text(json.dumps({"store": str(store.path), "rebuilt": reason, "atoms": rows}, indent=1))
+        args.json.write_text(json.dumps({"store": str(store.path), "rebuilt": reason, "atoms": rows,
+                                         "stream_weights": None if streamed is None else str(streamed.directory)},
+                                        indent=1))
     return 0
 
 

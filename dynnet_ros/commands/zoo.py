@@ -11,6 +11,7 @@ from rich.table import Table
 
 from dynnet_ros.commands import CommandError
 from dynnet_ros.engine.plan.layout import prepare as prepare_engine
+from dynnet_ros.swap.streamed import prepare as prepare_streaming
 from dynnet_ros.zoo import BUILDER_VERSION, MODEL_NAMES, build_model, ensure_model, zoo_dir
 from dynnet_ros.zoo.samples import measure_latency
 from dynnet_ros.zoo.stats import ModelStats, model_stats
@@ -71,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
                 raise CommandError(f"cannot write {name} model to {out}: {exc}") from exc
             rows.append(_row(name, model_stats(onnx.load(path)), path))
             prepare_engine(path)  # checker verdict + NCHWc layout cached: a node's first start is quick
+            prepare_streaming(path)  # the weight file a budget streams from
         title = f"dynnet zoo ({out}, builder {BUILDER_VERSION})"
     else:
         if args.threads < 1 or args.runs < 1:

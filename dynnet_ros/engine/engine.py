@@ -34,6 +34,9 @@ class Engine:
 
     def __init__(self, model: ModelLike, backend: str = "cpu", *, threads: int | None = None,
                  memory_budget_mb: float | None = None) -> None:
+        from dynnet_ros.engine.procmem import status_bytes
+
+        self.baseline_rss = status_bytes("VmRSS")  # budgets bound the RSS growth from here
         self.model_path = None if not isinstance(model, (str, bytes)) and not hasattr(model, "__fspath__") \
             else str(model)
         self.proto = load_for_backend(backend, model)  # planned cpu: weightless graph, weights stay in the file

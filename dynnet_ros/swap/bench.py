@@ -130,6 +130,9 @@ def worker(config: dict) -> dict:
     if mode == "naive" and engine._swap.swapped is not None:
         engine._swap.swapped.naive = True
         engine._swap.swapped.set_budget(budget)
+    if mode == "naive" and engine._swap.streamed is not None:
+        engine._swap.streamed.window.naive = True
+        engine._swap.streamed.set_budget(int(budget * MB))
     load_s = time.perf_counter() - start
     first = engine.run(feeds)  # the first frame settles partitions for this input size
     if mode in ("swap", "naive") and budget is not None:
@@ -160,7 +163,8 @@ def worker(config: dict) -> dict:
     swap = stats.get("swap")
     if swap:
         result["store_cached_mb"] = cached_bytes_of(Path(swap["store"]) / "weights.bin") / MB
-    if config.get("switch_test") and getattr(engine, "_swap", None) is not None and engine._swap.swapped is not None:
+    if config.get("switch_test") and getattr(engine, "_swap", None) is not None and (
+            engine._swap.swapped is not None or engine._swap.streamed is not None):
         table = [b for b, _ in engine.latency_table()]
         levels = [b * 1.001 for b in table] or [budget]
         times = []
@@ -201,6 +205,8 @@ def _ab_worker(config: dict, feeds: dict) -> dict:
     contention (this machine is shared)."""
     direct = _OrtDirect(config["model"], config.get("threads"))
     inmemory = _engine_for(config["model"], config.get("threads"), None, feeds)
+    direct.run(feeds)  # their first-frame allocations happen before the swapped engine's baseline
+    inmemory.run(feeds)
     swapped = _engine_for(config["model"], config.get("threads"), config["budget_mb"], feeds)
     runners = [("ort", direct), ("inmemory", inmemory), ("swap", swapped)]
     for _ in range(config.get("warmup", 1)):
@@ -320,6 +326,16 @@ def run_bench(plan: BenchPlan, progress=print) -> dict:
         # The Engine also opens the leaner variant (next to the store, "-basic"); building it
         # inside a worker would charge the store build's heap to that worker's serving peak.
         ensure_store(plan.model, f"{store.path}-basic", optimize="basic")
+    from dynnet_ros.swap.control import stream_mode
+
+    if stream_mode():  # the streamed engine's weight file, built here rather than inside a worker
+        from dynnet_ros.engine.plan.loader import load_skeleton
+        from dynnet_ros.swap.streamed import prepare_weight_file
+
+        try:
+            prepare_weight_file(load_skeleton(plan.model))
+        except ValueError as exc:
+            progress(f"no streamed weight file ({exc}); the workers swap per-block sessions")
     weight_mb = weight_bytes(load_model(plan.model, check=False)) / MB
     with tempfile.TemporaryDirectory(prefix="dynnet-swapbench-out-") as outdir:
         base = {"model": plan.model, "size": list(plan.size), "iters": plan.iters, "warmup": plan.warmup,

@@ -1,10 +1,13 @@
-"""The Engine's memory-budget policy: in memory while the budget allows, swapped blocks below.
+"""The Engine's memory-budget policy: in memory while the budget allows, swapped weights below.
 
 Kept out of engine.py so the facade only delegates (``Engine.set_memory_budget`` and friends):
 
 * ``None``  -> the backend's normal in-memory executor.
 * a budget at or above the in-memory footprint estimate -> stay in memory.
-* a smaller budget -> the SwappedExecutor with the look-up table's partition for it.
+* a smaller budget, cpu backend -> the StreamedExecutor (swap/streamed.py): the planned engine
+  with its weights streamed through a window the budget sizes; later budget changes resize the
+  window. ``DYNNET_SWAP_MODE=blocks`` (and models without the blocked layout, TensorRT) use the
+  SwappedExecutor instead: per-block sessions with the look-up table's partition.
 * a budget below the model's minimum -> ValueError with the reason; nothing changes.
 
 In swap mode the Engine's ``proto`` is replaced by the store's weightless graph, because a
@@ -16,6 +19,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Callable
 
+import numpy as np
 import onnx
 
 from dynnet_ros.engine.memtrim import release_memory
@@ -25,6 +29,7 @@ from dynnet_ros.swap.executor import (ORT_BASE_BYTES, PER_ATOM_FLOOR_BYTES, RUNT
                                      overhead_floor_bytes, use_huge_pages)
 from dynnet_ros.swap.scheduler import MB, AtomTable, LookupTable, MemoryModel, Scheduler
 from dynnet_ros.swap.store import Store, ensure_store
+from dynnet_ros.swap.streamed import StreamedExecutor
 
 if TYPE_CHECKING:  # pragma: no cover
     from dynnet_ros.engine.engine import Engine
@@ -60,6 +65,14 @@ def planned_estimate_bytes(weight_bytes: int, arena_bytes: int) -> int:
     return weight_bytes + arena_bytes + PLANNED_BASE_BYTES
 
 
+def stream_mode() -> bool:
+    """Swap by streaming the planned engine's weights (default) or by per-block sessions."""
+    mode = os.environ.get("DYNNET_SWAP_MODE", "stream") or "stream"
+    if mode not in ("stream", "blocks"):
+        raise ValueError(f"DYNNET_SWAP_MODE={mode!r}: choose stream or blocks")
+    return mode == "stream"
+
+
 class SwapControl:
     #: keep the other store variant's executor warm (sessions only) when the budget has room
     keep_warm = os.environ.get("DYNNET_SWAP_KEEP_WARM", "1") != "0"
@@ -80,6 +93,8 @@ class SwapControl:
         self._inmemory_ms: dict = {}
         self._inmemory_seen: set = set()
         self._store_dir = os.environ.get("DYNNET_SWAP_STORE") or None
+        self.streamed: StreamedExecutor | None = None
+        self._stream_unavailable: str | None = None  # why this model cannot stream (then: blocks)
 
     @property
     def store(self) -> Store | None:
@@ -159,7 +174,10 @@ class SwapControl:
 
     def inmemory_bytes(self) -> int:
         """Estimated in-memory footprint: from the planned executor's arena plan at the reference
-        shape when it exists, else from the graph alone (no store is built)."""
+        shape when it exists, else from the graph alone (no store is built). Once weights are
+        streamed: that executor's measured footprint with every weight resident."""
+        if self.streamed is not None:
+            return self.streamed.inmemory_bytes()
         if self._inmemory is None:
             planned = self._planned_arena_bytes()
             if planned is not None:
@@ -181,7 +199,7 @@ class SwapControl:
         if executor is None or not hasattr(executor, "plan_for"):
             return None
         try:
-            return int(executor.plan_for(blocks.reference_shapes(self.engine.proto)).height)
+            return int(executor.plan_for(self._shapes() or blocks.reference_shapes(self.engine.proto)).height)
         except (ValueError, KeyError):
             return None
 
@@ -191,6 +209,10 @@ class SwapControl:
 
         Raises ValueError before anything changes when the budget cannot be met.
         """
+        if self._streaming() and (budget_mb is not None or self.streamed is not None):
+            streamed = self._apply_stream(None if budget_mb is None else int(budget_mb * MB), current)
+            if streamed is not None:
+                return streamed
         if budget_mb is None or budget_mb * MB >= self.inmemory_bytes():
             self._close_parked()
             if self.swapped is None:
@@ -250,6 +272,62 @@ class SwapControl:
             self.engine.proto = store.graph()
         return swapped
 
+    # ------------------------------------------------------------------ streamed weights
+    def _streaming(self) -> bool:
+        return self.engine.backend == "cpu" and self._stream_unavailable is None and stream_mode()
+
+    def _apply_stream(self, budget: int | None, current):
+        """The streamed executor at ``budget`` (None: every weight resident); None if this model
+        cannot stream (the block path takes over). ValueError below the minimum, budget unchanged.
+
+        Built on the first budget and kept from then on, whatever the budget: a change is a
+        window resize, never a rebuild. The executor it replaces is closed *first*, so the
+        measured footprint is the streamed engine's, not two engines' side by side."""
+        if self.streamed is not None:
+            self.streamed.set_budget(budget)  # ValueError: the window stays as it was
+            return self.streamed
+        # a working in-memory executor is only given up for a budget that can plausibly be met
+        estimate = self._stream_minimum_estimate() if current is not None else 0
+        if budget is not None and budget < estimate:
+            raise ValueError(f"memory budget {budget / MB:.1f} MB is below this model's minimum, estimated "
+                             f"{estimate / MB:.1f} MB (weights of its largest step + the engine without weights)")
+        for executor in (current, self.swapped):
+            if executor is not None:
+                executor.close()
+        self.swapped = None
+        self._close_parked()
+        release_memory()
+        try:
+            streamed = StreamedExecutor(self.engine.proto, threads=self.engine.threads,
+                                        baseline_rss=self.engine.baseline_rss)
+        except (ValueError, OSError) as exc:
+            self._stream_unavailable = str(exc)
+            LOG.warning("weights of %s cannot be streamed (%s); swapping per-block sessions instead",
+                        self.engine.model_path or "this model", exc)
+            return None
+        if streamed.rebuilt_reason:
+            self.rebuilt_reason = streamed.rebuilt_reason
+            LOG.warning("weight file of %s rebuilt: %s", self.engine.model_path, streamed.rebuilt_reason)
+        self.streamed = streamed
+        streamed.calibrate(self._shapes() or blocks.reference_shapes(self.engine.proto))
+        try:
+            streamed.set_budget(budget)
+        except ValueError:
+            streamed.set_budget(None)  # the previous budget (none: unlimited) stays in force
+            raise
+        return streamed
+
+    def _stream_minimum_estimate(self) -> int:
+        """Before the streamed executor exists, a low estimate of its minimum: the arena at the
+        reference shape, onnxruntime's environment and the largest weight one step needs (FC
+        weights split to 1/8 of all weights). Budgets below it are refused without a build."""
+        from dynnet_ros.swap.streamed import MIN_SPLIT_BYTES, SPLIT_FRACTION
+
+        sizes = sorted(int(np.prod(t.dims, dtype=np.int64)) * 4 for t in self.engine.proto.graph.initializer)
+        split = max(MIN_SPLIT_BYTES, int(self.engine.weight_bytes * SPLIT_FRACTION))
+        step = min(sizes[-1], max(split, sizes[-2] if len(sizes) > 1 else 0)) if sizes else 0
+        return self.inmemory_bytes() - self.engine.weight_bytes - PLANNED_BASE_BYTES + ESTIMATED_BASE_BYTES + step
+
     def _level_of(self, executor: SwappedExecutor) -> str:
         return next(lv for lv, st in self.stores.items() if st is executor.store)
 
@@ -304,6 +382,9 @@ class SwapControl:
     def min_budget_mb(self) -> float:
         """The smaller of the swapped minimum and the in-memory footprint (a lean model may need
         less in memory than its swapped blocks' runtime floor)."""
+        if self._streaming():
+            minimum = self.streamed.min_budget_bytes() if self.streamed is not None else self._stream_minimum_estimate()
+            return min(minimum, self.inmemory_bytes()) / MB
         return min(self._swapped_minimum_bytes(), self.inmemory_bytes()) / MB
 
     def _swapped_minimum_bytes(self) -> int:
@@ -311,7 +392,7 @@ class SwapControl:
 
     def observe_run(self, latency_ms: float) -> None:
         """Record a frame's latency; in-memory frames calibrate the table's in-memory level."""
-        if self.swapped is not None:
+        if self.swapped is not None or self.streamed is not None:
             return
         key = getattr(self.engine, "_last_signature", None)
         if key not in self._inmemory_seen:  # the first run at a size pays one-off set-up: not a sample
@@ -324,6 +405,8 @@ class SwapControl:
         """Budget levels of the fastest variant, extended below its minimum by the leaner one,
         and topped by the in-memory level (its footprint estimate; measured latency once it ran,
         else ``INMEMORY_LATENCY_PRIOR`` x the all-resident swapped prediction)."""
+        if self._streaming():
+            return self._stream_latency_table()
         levels = self._useful_levels()
         tables = [self._table(level) for level in levels]
         rows = list(tables[0].latency_table())
@@ -338,7 +421,37 @@ class SwapControl:
         rows.append((inmemory_mb, inmemory_ms))
         return rows
 
+    def _stream_latency_table(self) -> list[tuple[float, float]]:
+        """Predicted latency from the minimum up to the in-memory level (streamed executor's
+        measured compute time and read rate once it ran; before, the in-memory latency)."""
+        from dynnet_ros.swap.streamed import predict_latency_ms
+
+        inmemory = self.inmemory_bytes()
+        measured = self._inmemory_ms.get(getattr(self.engine, "_last_signature", None))
+        if measured is None and self.streamed is None:
+            measured = getattr(self.engine, "_last_latency_ms", None)  # one frame so far (set-up included)
+        if self.streamed is not None:
+            rows = [row for row in self.streamed.latency_table(inmemory) if row[0] < inmemory / MB]
+            compute = self.streamed.compute_ms
+        else:
+            low = self._stream_minimum_estimate()
+            compute = measured
+            rows = []
+            if measured is not None:
+                for budget in np.linspace(low, inmemory, 8)[:-1]:
+                    allowance = budget - (inmemory - self.engine.weight_bytes)
+                    rows.append((float(budget) / MB,
+                                 predict_latency_ms(measured, self.engine.weight_bytes, allowance, 0, None)))
+        top = measured if measured is not None else compute
+        if top is not None:
+            rows.append((inmemory / MB, top))
+        return rows
+
     def stats(self) -> dict:
+        if self.streamed is not None:
+            info = self.streamed.engine_stats()
+            return {"blocks": info["blocks"], "resident_weight_bytes": info["resident_weight_bytes"],
+                    "swap": info["swap"]}
         if self.swapped is None:
             return {"swap": None}
         info = {**self.swapped.stats(), "warm_variants": sorted(self.parked),
@@ -347,6 +460,9 @@ class SwapControl:
 
     def close(self) -> None:
         self._close_parked()
+        if self.streamed is not None:
+            self.streamed.close()
+            self.streamed = None
         if self.swapped is not None:
             self.swapped.close()
             self.swapped = None

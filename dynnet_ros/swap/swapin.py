@@ -146,6 +146,11 @@ class HostArena:
             if tail:
                 self._map.madvise(mmap.MADV_NOHUGEPAGE, self._base + offset + body, tail)
 
+    def advise(self, offset: int, nbytes: int, advice: int) -> None:
+        """``madvise`` a range of the arena (huge pages on or off where the platform has them)."""
+        if nbytes > 0:
+            self._map.madvise(advice, self._base + offset, nbytes)
+
     def release(self, offset: int, nbytes: int) -> None:
         """Drop the pages of ``[offset, offset+nbytes)``: no write-back, zero-filled if touched."""
         if nbytes:

@@ -75,6 +75,11 @@ class PlannerOptions:
     stem_min_gain: float = 0.1             # ... and banding lowers the reference arena bound by this fraction
     global_threads: bool = False           # all segment sessions share onnxruntime's process-wide thread pool
     layout: str = "as-given"               # "nchwc": the graph is onnxruntime's blocked-layout rewrite (plan/layout.py)
+    # Weights bound by reference (name -> OrtValue over memory someone else owns and may swap;
+    # swap/streamed.py): sessions get them through add_initializer, which keeps the pointer only
+    # with prepacking off, so setting this turns prepacking off.
+    shared_weights: Mapping[str, ort.OrtValue] | None = None
+    max_segment_weight_bytes: int | None = None  # cut segments holding more weight than this (swapping unit)
 
 
 _LEVELS = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -117,7 +122,8 @@ class SegmentRunner:
     def __init__(self, segment: Segment, graph: GraphIndex, skeleton: onnx.ModelProto,
                  weights: Mapping[str, ort.OrtValue], options: ort.SessionOptions,
                  input_shapes: Mapping[str, tuple[int, ...]] | None = None,
-                 model: onnx.ModelProto | None = None) -> None:
+                 model: onnx.ModelProto | None = None,
+                 shared: Mapping[str, ort.OrtValue] | None = None) -> None:
         self.segment = segment
         model = model or build_segment_model(segment, graph, skeleton, input_shapes)
         folder = external_data_dir(skeleton)
@@ -126,6 +132,8 @@ class SegmentRunner:
         used = [i.name for i in model.graph.initializer if i.name in weights]
         if used:
             options.add_external_initializers(used, [weights[n] for n in used])
+        for name in {i.name for i in model.graph.initializer if shared and i.name in shared} - set(used):
+            options.add_initializer(name, shared[name])  # by reference: the OrtValue's memory is used as is
         try:
             self.session = ort.InferenceSession(model.SerializeToString(), sess_options=options,
                                                 providers=["CPUExecutionProvider"])
@@ -237,6 +245,8 @@ class PlannedExecutor:
                              for n, shape in _reference_shapes(self.graph, opts.reference_side).items()}
         self.order = self._execution_order()
         self.segments = self._choose_partition()
+        if opts.max_segment_weight_bytes:
+            self.segments = self._cut_heavy_segments(self.segments, opts.max_segment_weight_bytes)
         self._stem = self._band_stem()
         self._check_boundary_types()
         self.branch_runners = self._build_branch_runners(weights)
@@ -259,6 +269,8 @@ class PlannedExecutor:
         self.plans: LruCache[Plan] = LruCache(opts.plan_cache_size)
         self.last_plan: Plan | None = None
         self._segment_weight_bytes = [self._weight_bytes_of(s) for s in self.segments]
+        #: called around every segment (swap/residency.py: weights in before, out after)
+        self.segment_hook = None
         self.versions = VersionManager(self._build_version, hot_after=opts.hot_after,
                                        budget_bytes=int(opts.version_budget_mb * 2**20), enabled=opts.versions)
         self._warm_up()
@@ -363,6 +375,50 @@ class PlannedExecutor:
         self.segments = segments
         return index
 
+    def _cut_heavy_segments(self, segments: list[Segment], cap: int) -> list[Segment]:
+        """Split op segments whose weights exceed ``cap`` into runs of nodes under it.
+
+        Why: a swapped model needs one segment's weights resident at once; deep layers at low
+        resolution land in one segment (their tensors are small) with most of the weights."""
+        groups: list[list[int]] = []
+        for seg in segments:
+            if seg.kind != "ops" or len(seg.nodes) == 1 or self._weight_bytes_of(seg) <= cap:
+                groups.append(list(seg.nodes))
+                continue
+            group, held = [], 0
+            for n in seg.nodes:
+                weight = self._node_weight_bytes(n)
+                if group and weight and held + weight > cap:
+                    groups.append(group)
+                    group, held = [], 0
+                group.append(n)
+                held += weight
+            groups.append(group)
+        if len(groups) == len(segments):
+            return segments
+        return [describe_segment(self.graph, i, g, self.shape_source.dims) for i, g in enumerate(groups)]
+
+    def _node_weight_bytes(self, n: int) -> int:
+        total = 0
+        for name in node_inputs(self.graph.nodes[n]):
+            tensor = self.graph.initializers.get(name)
+            if tensor is not None:
+                total += int(np.prod(tensor.dims, dtype=np.int64)) * self._itemsize(name)
+        return total
+
+    def segment_weight_names(self) -> list[list[str]]:
+        """Per segment, the shared (by-reference) weights it reads, subgraphs included."""
+        shared = self.options.shared_weights or {}
+        result = []
+        for seg in self.segments:
+            names: list[str] = []
+            for n in seg.nodes:
+                for name in _names_read(self.graph.nodes[n]):
+                    if name in shared and name not in names:
+                        names.append(name)
+            result.append(names)
+        return result
+
     def _stem_band_count(self, first_node: int) -> int:
         """Bands for the stem: a band of its intermediate ~1 MB at the reference shape (4..16)."""
         mid_bytes = self.reference_sizes.get(self.graph.nodes[first_node].output[0]) or 0
@@ -379,7 +435,8 @@ class PlannedExecutor:
             inputs = [node.input[0]]
             single = Segment(segment.index, [], inputs=inputs, outputs=[node.output[0]])
             model = build_nodes_model([node], single, self.graph, self.skeleton)
-            return SegmentRunner(single, self.graph, self.skeleton, self.weights, options(), model=model).session
+            return SegmentRunner(single, self.graph, self.skeleton, self.weights, options(), model=model,
+                                 shared=self.options.shared_weights).session
 
         mid_channels = int(self.graph.initializers[first.input[1]].dims[0])
         return BandedRunner(first, seconds, make_session, nchwc_block_size() or 1, mid_channels,
@@ -410,12 +467,14 @@ class PlannedExecutor:
                     if name in weights:
                         last_user[name] = seg.index
         keep = set(self.graph.outputs)
+        opts = self.options
         runners: list = []
         for seg in self.segments:
             if seg.index in self.branch_runners:
                 runners.append(_NoSession(seg))
                 continue
-            runners.append(SegmentRunner(seg, self.graph, self.skeleton, self.weights, self._session_options(seg)))
+            runners.append(SegmentRunner(seg, self.graph, self.skeleton, self.weights, self._session_options(seg),
+                                         shared=opts.shared_weights))
             for name in [w for w, last in last_user.items() if last == seg.index and w not in keep]:
                 self.weights.pop(name, None)
                 weights.pop(name, None)
@@ -459,7 +518,7 @@ class PlannedExecutor:
         if opts.shared_arena or (nchwc and opts.nchwc_shared_arena):
             _register_shared_arena(opts.shared_arena_strategy)
             so.add_session_config_entry("session.use_env_allocators", "1")
-        if not opts.prepacking:
+        if not opts.prepacking or opts.shared_weights is not None:
             so.add_session_config_entry("session.disable_prepacking", "1")
         return so
 
@@ -641,7 +700,8 @@ class PlannedExecutor:
                     continue
                 options = self._session_options(seg)
                 options.enable_mem_pattern = True  # static shapes: onnxruntime can pre-plan the segment
-                runners[i] = SegmentRunner(seg, self.graph, self.skeleton, self.weights, options, shapes)
+                runners[i] = SegmentRunner(seg, self.graph, self.skeleton, self.weights, options, shapes,
+                                           shared=self.options.shared_weights)
                 cost += extra
         if not runners:
             return None
@@ -708,8 +768,28 @@ class PlannedExecutor:
         results: dict[str, np.ndarray] = {}
         dynamic: dict[str, ort.OrtValue] = {}
         graph_outputs = set(self.graph.outputs)
+        hook = self.segment_hook
+        if hook is None:
+            self._run_segments(plan, feeds, out, results, dynamic, graph_outputs)
+        else:
+            hook.frame_start()
+            try:
+                self._run_segments(plan, feeds, out, results, dynamic, graph_outputs, hook)
+            except BaseException:
+                hook.abort()
+                raise
+            hook.frame_end()
+        return self._collect_outputs(plan, feeds, results, dynamic)
+
+    def _run_segments(self, plan: Plan, feeds, out, results, dynamic, graph_outputs, hook=None) -> None:
+        previous = None
         for runner, io, (loose_inputs, loose_outputs) in zip(plan.runners, plan.bindings, plan.loose):
             seg = runner.segment
+            if hook is not None:
+                if previous is not None:
+                    hook.after(previous)
+                hook.before(seg.index)
+                previous = seg.index
             if io is not None and not loose_inputs and not loose_outputs:  # all in the arena, bound once
                 self._run_segment(runner, io, plan)
                 continue
@@ -761,6 +841,10 @@ class PlannedExecutor:
                 for k, name in enumerate(seg.outputs):
                     if name in fresh:
                         dynamic[name] = values[k]
+        if hook is not None and previous is not None:
+            hook.after(previous)
+
+    def _collect_outputs(self, plan: Plan, feeds, results, dynamic) -> dict[str, np.ndarray]:
         outputs: dict[str, np.ndarray] = {}
         for name in self.graph.outputs:
             if name in results:
@@ -828,6 +912,7 @@ class PlannedExecutor:
         self.versions.close()
         with self._lock:
             self.plans.clear()
+            self.last_plan = None  # its bindings hold sessions
             self.runners = []
             for runner in self.branch_runners.values():
                 runner.close()
@@ -841,6 +926,18 @@ _IN_PLACE_OPS = {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid", "Clip", 
                  "Add", "Sub", "Mul", "Div"}
 _HEAVY_OPS = {"Conv", "FusedConv", "ConvTranspose", "Gemm", "MatMul", "FusedMatMul", "Attention", "LSTM", "GRU"}
 _SESSION_BYTES = 256 * 1024  # what one more onnxruntime session costs beyond its weights (measured ~0.15 MB)
+
+
+def _names_read(node: onnx.NodeProto) -> list[str]:
+    """Inputs of ``node`` and every name its subgraphs read (an If's branch weights)."""
+    names = list(node_inputs(node))
+    for attribute in node.attribute:
+        graphs = ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else []) + list(attribute.graphs)
+        for graph in graphs:
+            names += [t.name for t in graph.initializer]
+            for inner in graph.node:
+                names += _names_read(inner)
+    return names
 
 
 def _release_build_garbage() -> None:

@@ -270,9 +270,12 @@ class LoopRunner:
         so.intra_op_num_threads = options.light_segment_threads or options.threads or default_threads()
         so.inter_op_num_threads = 1
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if options.shared_weights is not None:  # bound by reference: no prepacked copy
+            so.add_session_config_entry("session.disable_prepacking", "1")
         try:
             return SegmentRunner(segment, parent, skeleton, {n: ort.OrtValue.ortvalue_from_numpy(weights[n])
-                                                             for n in used}, so).session
+                                                             for n in used}, so,
+                                 shared=options.shared_weights).session
         except ValueError as exc:
             log.info("Loop %s: no onnxruntime session for small loops: %s", node.name, exc)
             return None

@@ -1,0 +1,176 @@
+"""Streamed weights (the default swap mode): the planned engine under a budget on every zoo model."""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from dynnet_ros.engine import Engine
+from dynnet_ros.swap.bench import cached_bytes_of, make_feeds
+from dynnet_ros.zoo import MODEL_NAMES, ensure_model
+
+SIZES = [(96, 128), (64, 96)]
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("DYNNET_SWAP_DIR", str(tmp_path_factory.getbasetemp() / "swap-stores"))
+    monkeypatch.setenv("DYNNET_SWAP_MODE", "stream")
+
+
+def check_equal(got: dict, want: list, names: list[str]) -> None:
+    for name, expected in zip(names, want):
+        assert got[name].shape == expected.shape, name
+        np.testing.assert_allclose(got[name], expected, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_streamed_outputs_equal_in_memory_at_two_budgets_and_two_sizes(name):
+    path = str(ensure_model(name))
+    reference = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    names = [o.name for o in reference.get_outputs()]
+    engine = Engine(path, threads=1)
+    feeds = {size: make_feeds(engine.inputs, *size, seed=1) for size in SIZES}
+    want = {size: reference.run(names, feeds[size]) for size in SIZES}
+    engine.run(feeds[SIZES[0]])
+    top = engine.latency_table()[-1][0]
+    engine.set_memory_budget(top * 0.999)  # below the in-memory level: streamed, every weight resident
+    swap = engine.stats()["swap"]
+    assert engine.stats()["executor"] == "swap" and swap["mode"] == "stream", swap
+    for size in SIZES:
+        check_equal(engine.run(feeds[size]), want[size], names)
+    minimum = engine.min_budget_mb()
+    for budget in (minimum * 1.001, minimum + 0.5 * (top - minimum)):
+        engine.set_memory_budget(budget)
+        for size in SIZES + SIZES[:1]:
+            check_equal(engine.run(feeds[size]), want[size], names)
+    # at the minimum, weights really are read per frame and most are not resident
+    engine.set_memory_budget(engine.min_budget_mb() * 1.001)
+    engine.run(feeds[SIZES[0]])
+    stats = engine.stats()["swap"]
+    assert stats["allowance_bytes"] < stats["weight_span_bytes"]
+    assert stats["last_frame_read_mb"] > 0
+    assert stats["resident_weight_bytes"] <= stats["allowance_bytes"]
+    engine.close()
+
+
+def test_budget_change_resizes_the_window_without_a_rebuild():
+    engine = Engine(str(ensure_model("multiexit")), threads=1)
+    feeds = make_feeds(engine.inputs, 96, 128, seed=2)
+    engine.run(feeds)
+    engine.set_memory_budget(engine.latency_table()[-1][0] * 0.999)
+    streamed = engine._swap.streamed
+    engine.run(feeds)
+    low = engine.min_budget_mb() * 1.001
+    engine.set_memory_budget(low)
+    small = engine.stats()["swap"]["allowance_bytes"]
+    engine.set_memory_budget(None)  # unlimited: every weight resident, same executor
+    assert engine._swap.streamed is streamed and engine.memory_budget_mb is None
+    assert engine.stats()["swap"]["allowance_bytes"] == engine.stats()["swap"]["weight_span_bytes"] > small
+    engine.run(feeds)  # reads what was not resident, once
+    engine.run(feeds)
+    assert engine.stats()["swap"]["last_frame_read_mb"] == 0  # nothing streamed once all are resident
+    engine.close()
+
+
+def test_budget_below_minimum_is_rejected_and_previous_kept():
+    engine = Engine(str(ensure_model("lane")), threads=1)
+    feeds = make_feeds(engine.inputs, 96, 128, seed=3)
+    engine.run(feeds)
+    with pytest.raises(ValueError, match="below this model's minimum"):  # refused before any build
+        engine.set_memory_budget(1.0)
+    assert engine.memory_budget_mb is None and engine._swap.streamed is None
+    engine.set_memory_budget(engine.latency_table()[-1][0] * 0.999)
+    engine.run(feeds)
+    budget = engine.memory_budget_mb
+    allowance = engine.stats()["swap"]["allowance_bytes"]
+    minimum = engine.min_budget_mb()
+    with pytest.raises(ValueError, match="below this model's minimum"):
+        engine.set_memory_budget(minimum * 0.9)
+    assert engine.memory_budget_mb == budget
+    assert engine.stats()["swap"]["allowance_bytes"] == allowance
+    engine.close()
+
+
+def test_engine_built_with_a_budget_streams_from_the_start_and_keeps_the_page_cache_clean():
+    from dynnet_ros.engine.procmem import status_bytes
+
+    path = str(ensure_model("depth"))
+    probe = Engine(path, threads=1)
+    feeds = make_feeds(probe.inputs, 96, 128, seed=4)
+    probe.close()
+    engine = Engine(path, threads=1, memory_budget_mb=400)
+    assert engine.stats()["executor"] == "swap"
+    engine.run(feeds)
+    engine.set_memory_budget(engine.min_budget_mb() * 1.001)
+    for _ in range(3):
+        engine.run(feeds)
+    swap = engine.stats()["swap"]
+    assert swap["last_frame_read_mb"] * 2**20 >= 0.5 * swap["weight_bytes"]
+    weights = f"{swap['store']}/weights.bin"
+    assert cached_bytes_of(weights) <= 0.1 * swap["weight_bytes"]
+    growth = status_bytes("VmRSS") - engine.baseline_rss
+    assert growth < swap["nonweight_bytes"] + swap["weight_bytes"]  # not all weights are in memory
+    engine.close()
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_damaged_weight_file_is_detected_and_rebuilt(damage):
+    from dynnet_ros.engine.plan.loader import load_skeleton
+    from dynnet_ros.swap.store import StoreError
+    from dynnet_ros.swap.streamed import prepare_weight_file
+    from dynnet_ros.swap.weight_file import WeightFile
+
+    model = load_skeleton(str(ensure_model("lane")))
+    weights, _ = prepare_weight_file(model)
+    path = weights.weights_path
+    data = bytearray(path.read_bytes())
+    if damage == "truncate":
+        path.write_bytes(bytes(data[: len(data) // 2]))
+        reason = "truncated"
+    else:
+        tensor = max(weights.tensors.values(), key=lambda t: t.nbytes)
+        data[tensor.offset + 17] ^= 0x40
+        path.write_bytes(bytes(data))
+        reason = "checksum mismatch"
+    with pytest.raises(StoreError, match=reason):
+        WeightFile(weights.directory).verify()
+    rebuilt, why = prepare_weight_file(model)
+    assert why is not None and reason in why
+    rebuilt.verify()
+    assert rebuilt.weights_path.stat().st_size == weights.size
+
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_split_fully_connected_layers_compute_the_same(trans_b):
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from dynnet_ros.swap.gemm_split import split_large_gemms
+
+    rng = np.random.default_rng(trans_b)
+    k, n = 64, 300
+    w = rng.standard_normal((n, k) if trans_b else (k, n)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=trans_b), helper.make_node("Relu", ["y"], ["z"])],
+        "fc", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, k])],
+        [helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [2, n])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.standard_normal((2, k)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    split = onnx.ModelProto()
+    split.CopyFrom(model)
+    slices = split_large_gemms(split, max_bytes=w.nbytes // 3 - 1)  # just over 3 pieces: 4
+    assert sum(1 for node in split.graph.node if node.op_type == "Gemm") == 4
+    sources = {"w": w, "b": b}
+    for tensor in split.graph.initializer:  # fill the placeholders from their slices, as the store writer does
+        piece = slices.get(tensor.name)
+        if piece is not None:
+            index = [slice(None)] * sources[piece.source].ndim
+            index[piece.axis] = slice(piece.start, piece.stop)
+            tensor.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(sources[piece.source][tuple(index)]),
+                                                    tensor.name))
+    got = ort.InferenceSession(split.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
