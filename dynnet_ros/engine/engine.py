@@ -33,10 +33,16 @@ class Engine:
     """Run one ONNX model: validated inputs in, onnxruntime-compatible outputs out."""
 
     def __init__(self, model: ModelLike, backend: str = "cpu", *, threads: int | None = None,
-                 memory_budget_mb: float | None = None) -> None:
+                 memory_budget_mb: float | None = None, swappable: bool = False) -> None:
+        """``swappable``: start on the executor that takes budgets later without a rebuild (the
+        planned engine with streamed weights, all resident while there is no budget) — for
+        callers whose budget will change, like the model nodes. Switching executors later
+        would leave the first one's freed heap and code pages in the process."""
         from dynnet_ros.engine.procmem import status_bytes
 
         self.baseline_rss = status_bytes("VmRSS")  # budgets bound the RSS growth from here
+        #: bytes the caller allocated since and charges to itself (a node's frame buffers)
+        self.external_bytes = 0
         self.model_path = None if not isinstance(model, (str, bytes)) and not hasattr(model, "__fspath__") \
             else str(model)
         self.proto = load_for_backend(backend, model)  # planned cpu: weightless graph, weights stay in the file
@@ -46,7 +52,9 @@ class Engine:
         self.outputs: list[str] = output_names(self.proto)
         self.weight_bytes = weight_bytes(self.proto)
         # With a budget the swap policy picks the executor (no full in-memory session first).
-        self._executor = create_executor(backend, self.proto, threads=threads) if memory_budget_mb is None else None
+        self.swappable = swappable
+        self._executor = None if memory_budget_mb is not None or swappable else \
+            create_executor(backend, self.proto, threads=threads)
         self._lock = threading.Lock()
         self._budget_mb: float | None = None
         self._last_latency_ms: float | None = None
@@ -82,6 +90,12 @@ class Engine:
         with self._lock:
             self._executor = self._swap.apply(value, self._executor)  # ValueError: nothing changed
             self._budget_mb = value
+
+    def set_external_bytes(self, nbytes: int) -> None:
+        """Declare memory the caller allocated after creating this engine and accounts for itself
+        (a node's frame buffers, which it takes off the budget it hands the engine). Engines that
+        measure their footprint as RSS growth leave it out."""
+        self.external_bytes = max(0, int(nbytes))
 
     def min_budget_mb(self) -> float:
         """Smallest budget this model can run in (largest block + activations + overhead)."""

@@ -211,7 +211,7 @@ class ModelNode(Node):
         self.check_model(model_interface(path))
         budget = self._engine_budget(params["memory_budget_mb"])
         try:
-            engine = Engine(path, backend=params["backend"], threads=threads, memory_budget_mb=budget)
+            engine = Engine(path, backend=params["backend"], threads=threads, memory_budget_mb=budget, swappable=True)
         except ValueError:
             if budget is None or budget == float(params["memory_budget_mb"]):
                 raise
@@ -219,12 +219,13 @@ class ModelNode(Node):
             # whole budget (over it by at most the frame buffers) rather than not at all; the
             # published minimum includes the frame buffers, so the manager raises the budget.
             budget = float(params["memory_budget_mb"])
-            engine = Engine(path, backend=params["backend"], threads=threads, memory_budget_mb=budget)
+            engine = Engine(path, backend=params["backend"], threads=threads, memory_budget_mb=budget, swappable=True)
             self.get_logger().warning(
                 f"memory_budget_mb {budget:g} leaves the model {budget - self.frame.total_mb:.1f} MB next to this "
                 f"node's {self.frame.total_mb:.1f} MB of frame buffers, below its minimum "
                 f"{engine.min_budget_mb():.1f} MB; running the model at {budget:g} MB")
         self._engine_budget_mb = budget
+        self._frame_mb_at_load = self.frame.total_mb  # already in the new engine's baseline
         return engine
 
     def _engine_budget(self, node_mb: float) -> float | None:
@@ -262,6 +263,11 @@ class ModelNode(Node):
             if key != self._frame_key:
                 self._frame_key = key
                 self.frame = self.frame_bytes(message_bytes, letterbox)
+                # frame buffers grown since the engine was created are in its measured RSS growth
+                # too; they are charged here, so the engine leaves them out
+                declare = getattr(self.engine, "set_external_bytes", None)
+                if declare is not None:
+                    declare(int((self.frame.total_mb - self._frame_mb_at_load) * 2**20))
             node_mb = self.params["memory_budget_mb"]
             target = self._engine_budget(node_mb)
             self._last_refused, refused = None, self._last_refused

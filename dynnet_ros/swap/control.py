@@ -209,7 +209,9 @@ class SwapControl:
 
         Raises ValueError before anything changes when the budget cannot be met.
         """
-        if self._streaming() and (budget_mb is not None or self.streamed is not None):
+        wants_stream = budget_mb is not None or self.streamed is not None or \
+            (current is None and getattr(self.engine, "swappable", False))
+        if self._streaming() and wants_stream:
             streamed = self._apply_stream(None if budget_mb is None else int(budget_mb * MB), current)
             if streamed is not None:
                 return streamed
@@ -299,7 +301,8 @@ class SwapControl:
         release_memory()
         try:
             streamed = StreamedExecutor(self.engine.proto, threads=self.engine.threads,
-                                        baseline_rss=self.engine.baseline_rss)
+                                        baseline_rss=self.engine.baseline_rss,
+                                        external_bytes=lambda: getattr(self.engine, "external_bytes", 0))
         except (ValueError, OSError) as exc:
             self._stream_unavailable = str(exc)
             LOG.warning("weights of %s cannot be streamed (%s); swapping per-block sessions instead",

@@ -27,6 +27,7 @@ import logging
 import mmap
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import onnx
@@ -140,9 +141,13 @@ class StreamedExecutor:
     name = "swap"
 
     def __init__(self, model: onnx.ModelProto, *, threads: int | None = None, baseline_rss: int | None = None,
-                 store_root: str | os.PathLike | None = None) -> None:
+                 store_root: str | os.PathLike | None = None,
+                 external_bytes: Callable[[], int] = lambda: 0) -> None:
+        """``baseline_rss``: RSS before the model was loaded (budgets bound the growth since);
+        ``external_bytes``: what the caller allocated since and charges to itself."""
         from dynnet_ros.engine.backends.cpu_planned import plan_profile
         from dynnet_ros.engine.plan.executor import PlannedExecutor, PlannerOptions
+        self._external = external_bytes
         self._statm = os.open("/proc/self/statm", os.O_RDONLY)
         self.baseline = baseline_rss if baseline_rss is not None else rss_bytes(self._statm)
         before_build = rss_bytes(self._statm)
@@ -259,7 +264,8 @@ class StreamedExecutor:
         self.window.before(k)
 
     def after(self, k: int) -> None:
-        self._frame_max = max(self._frame_max, rss_bytes(self._statm) - self.baseline - self._settled())
+        self._frame_max = max(self._frame_max,
+                              rss_bytes(self._statm) - self.baseline - self._settled() - self._external())
         self.window.after(k)
 
     def frame_end(self) -> None:
