@@ -41,3 +41,26 @@ def conv_chain(path, *, channels=(3, 16, 32, 32, 16), seed: int = 0) -> str:
 
 def image(h: int, w: int, seed: int = 0) -> dict[str, np.ndarray]:
     return {"image": np.random.default_rng(seed).random((1, 3, h, w), dtype=np.float32)}
+
+
+def check_equal(got: dict, want: list, names: list[str]) -> None:
+    """Engine outputs (by name) against onnxruntime's (in output order)."""
+    for name, expected in zip(names, want):
+        assert got[name].shape == expected.shape, name
+        np.testing.assert_allclose(got[name], expected, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def zoo_case(name: str, sizes: list[tuple[int, int]], threads: int = 1):
+    """(engine with no budget, feeds per size, onnxruntime's outputs per size, output names)."""
+    import onnxruntime as ort
+
+    from dynnet_ros.engine import Engine
+    from dynnet_ros.swap.bench import make_feeds
+    from dynnet_ros.zoo import ensure_model
+
+    path = str(ensure_model(name))
+    reference = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    names = [o.name for o in reference.get_outputs()]
+    engine = Engine(path, threads=threads)
+    feeds = {size: make_feeds(engine.inputs, *size, seed=1) for size in sizes}
+    return engine, feeds, {size: reference.run(names, feeds[size]) for size in sizes}, names

@@ -3,12 +3,13 @@ equal outputs, rejection, LUT switch. The default streamed mode: test_swap_strea
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 from dynnet_ros.engine import Engine
 from dynnet_ros.swap.bench import cached_bytes_of, make_feeds
 from dynnet_ros.zoo import MODEL_NAMES, ensure_model
+
+from _swap_models import check_equal, zoo_case
 
 SIZES = [(96, 128), (64, 96)]  # the larger first: budgets are set against its minimum
 
@@ -20,20 +21,9 @@ def isolated(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("DYNNET_SWAP_MODE", "blocks")
 
 
-def check_equal(got: dict, want: list, names: list[str]) -> None:
-    for name, expected in zip(names, want):
-        assert got[name].shape == expected.shape, name
-        np.testing.assert_allclose(got[name], expected, rtol=1e-4, atol=1e-5, err_msg=name)
-
-
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_swapped_outputs_equal_in_memory_at_two_budgets_and_two_sizes(name):
-    path = str(ensure_model(name))
-    reference = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    names = [o.name for o in reference.get_outputs()]
-    engine = Engine(path, threads=1)
-    feeds = {size: make_feeds(engine.inputs, *size, seed=1) for size in SIZES}
-    want = {size: reference.run(names, feeds[size]) for size in SIZES}
+    engine, feeds, want, names = zoo_case(name, SIZES)
     for size in SIZES:
         check_equal(engine.run(feeds[size]), want[size], names)
     engine.run(feeds[SIZES[0]])

@@ -2,6 +2,7 @@
 the allowance, and the stream never stalls for good, whatever the read timing."""
 from __future__ import annotations
 
+import contextlib
 
 import random
 import threading
@@ -91,47 +92,49 @@ def test_segments_find_their_weights_within_the_allowance(tmp_path, seed):
     region.close()
 
 
-def test_allowance_below_one_segment_is_refused(tmp_path):
-    rng = random.Random(7)
-    path, data, tensors, per_segment = make_model(tmp_path, rng)
+@contextlib.contextmanager
+def opened_window(tmp_path, seed: int, reader_hook=None):
+    """A window over a random model with a real reader; closes all three afterwards."""
+    path, data, tensors, per_segment = make_model(tmp_path, random.Random(seed))
     region = HostArena(len(data))
     reader = WeightReader(path)
+    if reader_hook is not None:
+        reader.read_into = reader_hook(reader.read_into)
     window = WeightWindow(region, reader, tensors, per_segment)
-    with pytest.raises(ValueError, match="below"):
-        window.set_allowance(window.min_stream_bytes - ALIGN)
-    window.close()
-    reader.close()
-    region.close()
+    try:
+        yield window, per_segment
+    finally:
+        window.close()
+        reader.close()
+        region.close()
+
+
+def test_allowance_below_one_segment_is_refused(tmp_path):
+    with opened_window(tmp_path, 7) as (window, _):
+        with pytest.raises(ValueError, match="below"):
+            window.set_allowance(window.min_stream_bytes - ALIGN)
 
 
 def test_failed_read_reaches_the_run_and_the_next_frame_recovers(tmp_path):
-    rng = random.Random(8)
-    path, data, tensors, per_segment = make_model(tmp_path, rng)
-    region = HostArena(len(data))
-    reader = WeightReader(path)
     calls = {"n": 0}
-    real = reader.read_into
 
-    def flaky(view, offset):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise OSError(5, "I/O error")
-        return real(view, offset)
+    def flaky(real):
+        def read_into(view, offset):
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise OSError(5, "I/O error")
+            return real(view, offset)
+        return read_into
 
-    reader.read_into = flaky
-    window = WeightWindow(region, reader, tensors, per_segment)
-    window.frame_start()
-    with pytest.raises(ValueError, match="swapping weights in failed"):
+    with opened_window(tmp_path, 8, flaky) as (window, per_segment):
+        window.frame_start()
+        with pytest.raises(ValueError, match="swapping weights in failed"):
+            for k in range(len(per_segment)):
+                window.before(k)
+                window.after(k)
+        window.abort()
+        window.frame_start()
         for k in range(len(per_segment)):
             window.before(k)
             window.after(k)
-    window.abort()
-    window.frame_start()
-    for k in range(len(per_segment)):
-        window.before(k)
-        window.after(k)
-    window.frame_end()
-    window.close()
-    reader.close()
-    region.close()
-
+        window.frame_end()

@@ -107,15 +107,11 @@ class WeightWindow:
         self._thread.start()
 
     # ------------------------------------------------------------------ sizing
-    def live_bytes(self, pinned: set[int] = frozenset()) -> int:
-        """Most bytes that must be resident at one segment: its own weights, weights live
-        across it, and the pinned set."""
-        pinned_span = sum(self.tensors[i].span for i in pinned)
-        worst = 0
-        for k in range(len(self.needed)):
-            live = sum(t.span for i, t in enumerate(self.tensors) if t.first <= k <= t.last and i not in pinned)
-            worst = max(worst, live)
-        return worst + pinned_span
+    def live_bytes(self) -> int:
+        """Most bytes that must be resident at one segment: its own weights and weights live
+        across it."""
+        return max((sum(t.span for t in self.tensors if t.first <= k <= t.last) for k in range(len(self.needed))),
+                   default=0)
 
     @property
     def min_stream_bytes(self) -> int:

@@ -252,9 +252,6 @@ class StreamedExecutor:
         if allowance != self.window.allowance:
             self.window.set_allowance(allowance)
 
-    def _settled(self) -> int:
-        return self.window.resident_bytes
-
     # ------------------------------------------------------------------ hook (PlannedExecutor calls these)
     def frame_start(self) -> None:
         self._frame_max = 0
@@ -265,7 +262,7 @@ class StreamedExecutor:
 
     def after(self, k: int) -> None:
         self._frame_max = max(self._frame_max,
-                              rss_bytes(self._statm) - self.baseline - self._settled() - self._external())
+                              rss_bytes(self._statm) - self.baseline - self.window.resident_bytes - self._external())
         self.window.after(k)
 
     def frame_end(self) -> None:
