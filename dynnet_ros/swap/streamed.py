@@ -26,6 +26,7 @@ import collections
 import logging
 import mmap
 import os
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -36,7 +37,7 @@ from onnx import helper
 
 from dynnet_ros.swap.residency import WeightWindow
 from dynnet_ros.swap.swapin import ALIGN, HUGE_PAGE, HostArena, WeightReader, align_up, huge_pages_available
-from dynnet_ros.swap.weight_file import WeightFile, _all_graphs, ensure_weight_file
+from dynnet_ros.swap.weight_file import WeightFile, all_graphs, ensure_weight_file
 
 LOG = logging.getLogger(__name__)
 MB = 2**20
@@ -53,6 +54,7 @@ LOWEST_LEVEL_SLACK = 1.02
 RESIZE_SLACK_BYTES = 256 * 1024
 #: frames over which the measured non-weight footprint's maximum is kept
 HISTORY = 16
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 DEFAULT_READ_MB_S = 800.0  # O_DIRECT read rate on this class of VM (dd, 4 MiB blocks)
 
 
@@ -63,7 +65,7 @@ def prepare_weight_file(model: onnx.ModelProto, store_root: str | os.PathLike | 
     from dynnet_ros.engine.plan.layout import laid_out_skeleton
 
     laid_skeleton, laid = laid_out_skeleton(model)
-    total = sum(int(np.prod(t.dims, dtype=np.int64)) * 4 for g in _all_graphs(laid_skeleton.graph)
+    total = sum(int(np.prod(t.dims, dtype=np.int64)) * 4 for g in all_graphs(laid_skeleton.graph)
                 for t in g.initializer)
     del laid_skeleton
     split_bytes = max(MIN_SPLIT_BYTES, int(total * SPLIT_FRACTION))
@@ -108,8 +110,7 @@ def advise_huge_bodies(region: HostArena, places: dict[str, int], weights: Weigh
 
 def rss_bytes(fd: int) -> int:
     """Current RSS from /proc/self/statm (one pread; cheap enough per segment)."""
-    fields = os.pread(fd, 128, 0).split()
-    return int(fields[1]) * os.sysconf("SC_PAGE_SIZE")
+    return int(os.pread(fd, 128, 0).split()[1]) * PAGE_SIZE
 
 
 def predict_latency_ms(compute_ms: float, weight_bytes: int, allowance: float, need: int,
@@ -178,7 +179,7 @@ class StreamedExecutor:
 
     def _views(self, graph: onnx.ModelProto) -> dict[str, ort.OrtValue]:
         values = {}
-        for g in _all_graphs(graph.graph):
+        for g in all_graphs(graph.graph):
             for tensor in g.initializer:
                 entry = self.file.tensors.get(tensor.name)
                 if entry is None or tensor.name in values:
@@ -284,8 +285,6 @@ class StreamedExecutor:
 
     # ------------------------------------------------------------------ executor API
     def run(self, feeds, out=None):
-        import time
-
         start = time.perf_counter()
         outputs = self.planned.run(feeds, out)
         ms = (time.perf_counter() - start) * 1e3

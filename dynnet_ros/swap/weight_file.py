@@ -117,14 +117,15 @@ class WeightFile:
         return model
 
 
-def _all_graphs(graph: onnx.GraphProto):
+def all_graphs(graph: onnx.GraphProto):
+    """``graph`` and every subgraph inside it (If branches, Loop bodies), depth first."""
     yield graph
     for node in graph.node:
         for attribute in node.attribute:
             if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from _all_graphs(attribute.g)
+                yield from all_graphs(attribute.g)
             for sub in attribute.graphs:
-                yield from _all_graphs(sub)
+                yield from all_graphs(sub)
 
 
 def _is_weight(tensor: onnx.TensorProto) -> bool:
@@ -149,7 +150,7 @@ def build(laid_out_path: str | os.PathLike, directory: str | os.PathLike, *, spl
         entries, seen, offset = [], set(), 0
         cache: dict[str, np.ndarray] = {}
         with open(work / WEIGHTS_FILE, "wb") as out:
-            for graph in _all_graphs(model.graph):
+            for graph in all_graphs(model.graph):
                 for tensor in graph.initializer:
                     if tensor.name in seen or not _is_weight(tensor):
                         continue
