@@ -280,8 +280,8 @@ def test_budgets_follow_memory_pressure(graph, hog):
     shrunk = probe.acked()
     report = probe.last()
     assert report["total_mb"] < cap
-    for n in MODEL_NODES:
-        assert report["nodes"][n]["min_mb"] - 0.5 <= shrunk[n] <= before[n] + 0.5
+    for n in MODEL_NODES:  # (a node's levels are re-measured as it runs: compare with its report now)
+        assert report["nodes"][n]["min_mb"] - 0.5 <= shrunk[n] <= report["nodes"][n]["max_mb"] + 0.5, (n, report)
     probe.spin_for(4.0)  # the nodes keep serving at the new budgets
     counts1 = dict(probe.counts)
     _graph_alive(proc, log)

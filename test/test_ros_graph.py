@@ -415,11 +415,11 @@ def test_a_burst_of_frames_drops_stale_ones_instead_of_queueing(graph):
         rgb, _ = scene.render_camera(scene.make_scene(1.0), 320, 240)
         frames = [array_to_image(rgb, "rgb8") for _ in range(12)]
         for i, frame in enumerate(frames):
-            # every 30 ms: faster than the depth model runs (~100 ms and more per frame), slow enough
+            # every 10 ms: faster than the depth model runs (~25 ms and more per frame), slow enough
             # that the transport does not lose most of them (shared-memory segments fill up)
             frame.header.stamp.sec = 4_000_000 + i
             obs.image_pub.publish(frame)
-            time.sleep(0.03)
+            time.sleep(0.01)
         t1 = time.monotonic()
         wait_for(lambda: any(m.header.stamp.sec >= 4_000_000 for m in obs.since("/depth/image", t1 - 1)), 60,
                  "outputs for the burst")
