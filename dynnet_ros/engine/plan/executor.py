@@ -663,13 +663,7 @@ class PlannedExecutor:
         return roots
 
     def _weight_bytes_of(self, segment: Segment) -> int:
-        total = 0
-        for n in segment.nodes:
-            for name in node_inputs(self.graph.nodes[n]):
-                tensor = self.graph.initializers.get(name)
-                if tensor is not None:
-                    total += int(np.prod(tensor.dims, dtype=np.int64)) * self._itemsize(name)
-        return total
+        return sum(self._node_weight_bytes(n) for n in segment.nodes)
 
     def _build_version(self, signature: Signature) -> Version | None:
         """Background thread: specialised runners for the segments whose input shapes this plan knows."""
