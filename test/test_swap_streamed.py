@@ -165,3 +165,46 @@ def test_split_fully_connected_layers_compute_the_same(trans_b):
                                                     tensor.name))
     got = ort.InferenceSession(split.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_rejection_after_the_switch_leaves_a_working_engine():
+    """A budget that passes the quick estimate but not the measured minimum: the in-memory
+    executor is already gone, so the engine runs on the streamed one under the old budget."""
+    engine, feeds, want, names = zoo_case("lane", SIZES[:1])
+    engine.run(feeds[SIZES[0]])
+    engine._swap._stream_minimum_estimate = lambda: 1  # let a hopeless budget past the quick check
+    with pytest.raises(ValueError, match="below this model's minimum"):
+        engine.set_memory_budget(2.0)
+    assert engine.memory_budget_mb is None
+    assert engine.stats()["executor"] == "swap" and engine.min_budget_mb() > 2.0
+    check_equal(engine.run(feeds[SIZES[0]]), want[SIZES[0]], names)
+    engine.close()
+
+
+def test_a_model_without_the_blocked_layout_swaps_per_block_sessions(tmp_path):
+    import onnx
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    weights = [(rng.standard_normal((1024, 1024)) / 32).astype(np.float32) for _ in range(4)]
+    nodes, prev = [], "x"
+    for k in range(4):
+        nodes += [helper.make_node("MatMul", [prev, f"w{k}"], [f"m{k}"]),
+                  helper.make_node("Relu", [f"m{k}"], [f"r{k}"])]
+        prev = f"r{k}"
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 1024])],
+                              [helper.make_tensor_value_info(prev, onnx.TensorProto.FLOAT, ["N", 1024])],
+                              [numpy_helper.from_array(w, f"w{k}") for k, w in enumerate(weights)])
+    path = tmp_path / "mlp.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    engine = Engine(str(path), threads=1)
+    x = rng.standard_normal((4, 1024)).astype(np.float32)
+    want = engine.run({"x": x})[prev]
+    with pytest.raises(ValueError):  # far below anything: refused, and the model is found not to stream
+        engine.set_memory_budget(1.0)
+    assert engine._swap._stream_unavailable and engine.memory_budget_mb is None
+    np.testing.assert_allclose(engine.run({"x": x})[prev], want, rtol=1e-5, atol=1e-5)  # still in memory
+    engine.set_memory_budget(engine.min_budget_mb() * 1.01)
+    assert engine.stats()["executor"] == "swap" and engine.stats()["swap"].get("mode") != "stream"
+    np.testing.assert_allclose(engine.run({"x": x})[prev], want, rtol=1e-5, atol=1e-5)
+    engine.close()

@@ -28,8 +28,8 @@ from dynnet_ros.swap.delay_model import load_or_default
 from dynnet_ros.swap.executor import (ORT_BASE_BYTES, PER_ATOM_FLOOR_BYTES, RUNTIME_SLACK_BYTES, SwappedExecutor, atom_resident_bytes,
                                      overhead_floor_bytes, use_huge_pages)
 from dynnet_ros.swap.scheduler import MB, AtomTable, LookupTable, MemoryModel, Scheduler
-from dynnet_ros.swap.store import Store, ensure_store
-from dynnet_ros.swap.streamed import StreamedExecutor
+from dynnet_ros.swap.store import Store, StoreError, ensure_store
+from dynnet_ros.swap.streamed import StreamedExecutor, prepare_weight_file
 
 if TYPE_CHECKING:  # pragma: no cover
     from dynnet_ros.engine.engine import Engine
@@ -288,6 +288,16 @@ class SwapControl:
         if self.streamed is not None:
             self.streamed.set_budget(budget)  # ValueError: the window stays as it was
             return self.streamed
+        try:  # before anything is closed: can this model stream at all (layout, weight file)?
+            weights, rebuilt = prepare_weight_file(self.engine.proto)
+        except (ValueError, OSError, StoreError) as exc:
+            self._stream_unavailable = str(exc)
+            LOG.warning("weights of %s cannot be streamed (%s); swapping per-block sessions instead",
+                        self.engine.model_path or "this model", exc)
+            return None
+        if rebuilt:
+            self.rebuilt_reason = rebuilt
+            LOG.warning("weight file of %s rebuilt: %s", self.engine.model_path, rebuilt)
         # a working in-memory executor is only given up for a budget that can plausibly be met
         estimate = self._stream_minimum_estimate() if current is not None else 0
         if budget is not None and budget < estimate:
@@ -300,23 +310,25 @@ class SwapControl:
         self._close_parked()
         release_memory()
         try:
-            streamed = StreamedExecutor(self.engine.proto, threads=self.engine.threads,
+            streamed = StreamedExecutor(self.engine.proto, threads=self.engine.threads, weights=weights,
                                         baseline_rss=self.engine.baseline_rss,
                                         external_bytes=lambda: getattr(self.engine, "external_bytes", 0))
-        except (ValueError, OSError) as exc:
-            self._stream_unavailable = str(exc)
-            LOG.warning("weights of %s cannot be streamed (%s); swapping per-block sessions instead",
-                        self.engine.model_path or "this model", exc)
-            return None
-        if streamed.rebuilt_reason:
-            self.rebuilt_reason = streamed.rebuilt_reason
-            LOG.warning("weight file of %s rebuilt: %s", self.engine.model_path, streamed.rebuilt_reason)
+        except (ValueError, OSError) as exc:  # unexpected after the checks above: back to memory
+            self.engine._executor = self._create_executor(self.engine.backend, self._full_proto(),
+                                                          threads=self.engine.threads)
+            raise ValueError(f"the streamed executor could not be built: {exc}") from exc
         self.streamed = streamed
         streamed.calibrate(self._shapes() or blocks.reference_shapes(self.engine.proto))
         try:
             streamed.set_budget(budget)
         except ValueError:
-            streamed.set_budget(None)  # the previous budget (none: unlimited) stays in force
+            # the executor it replaced is gone: this one runs under the budget that was in force
+            previous = self.engine.memory_budget_mb
+            try:
+                streamed.set_budget(None if previous is None else int(previous * MB))
+            except ValueError:
+                streamed.set_budget(None)
+            self.engine._executor = streamed
             raise
         return streamed
 

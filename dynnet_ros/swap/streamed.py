@@ -142,9 +142,10 @@ class StreamedExecutor:
     name = "swap"
 
     def __init__(self, model: onnx.ModelProto, *, threads: int | None = None, baseline_rss: int | None = None,
-                 store_root: str | os.PathLike | None = None,
+                 store_root: str | os.PathLike | None = None, weights: WeightFile | None = None,
                  external_bytes: Callable[[], int] = lambda: 0) -> None:
         """``baseline_rss``: RSS before the model was loaded (budgets bound the growth since);
+        ``weights``: the model's verified weight file if the caller has it (else found or built);
         ``external_bytes``: what the caller allocated since and charges to itself."""
         from dynnet_ros.engine.backends.cpu_planned import plan_profile
         from dynnet_ros.engine.plan.executor import PlannedExecutor, PlannerOptions
@@ -152,7 +153,8 @@ class StreamedExecutor:
         self._statm = os.open("/proc/self/statm", os.O_RDONLY)
         self.baseline = baseline_rss if baseline_rss is not None else rss_bytes(self._statm)
         before_build = rss_bytes(self._statm)
-        self.file, self.rebuilt_reason = prepare_weight_file(model, store_root)
+        self.file, self.rebuilt_reason = (weights, None) if weights is not None else \
+            prepare_weight_file(model, store_root)
         self.split_bytes = int(self.file.index["split_bytes"])
         graph = self.file.graph()
         self.places, region_size = region_layout(self.file)
