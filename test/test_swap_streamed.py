@@ -208,3 +208,39 @@ def test_a_model_without_the_blocked_layout_swaps_per_block_sessions(tmp_path):
     assert engine.stats()["executor"] == "swap" and engine.stats()["swap"].get("mode") != "stream"
     np.testing.assert_allclose(engine.run({"x": x})[prev], want, rtol=1e-5, atol=1e-5)
     engine.close()
+
+
+@pytest.mark.parametrize("name", ["multiexit", "depth"])
+def test_random_budget_changes_between_frames_never_stall(name):
+    """Budgets from the minimum to unlimited, at random between frames of three sizes: every
+    frame completes and matches the in-memory output (a stalled window would hang here)."""
+    import random
+    import threading
+
+    sizes = [(96, 128), (128, 160), (64, 96)]
+    engine, feeds, want, names = zoo_case(name, sizes)
+    engine.set_memory_budget(None)
+    engine.run(feeds[sizes[0]])
+    rng = random.Random(3)
+    done = threading.Event()
+    failures: list[BaseException] = []
+
+    def frames():
+        try:
+            engine.set_memory_budget(engine.latency_table()[-1][0] * 0.999)
+            for i in range(24):
+                if i % 2 == 0:
+                    low, top = engine.min_budget_mb(), engine.latency_table()[-1][0]
+                    engine.set_memory_budget(rng.choice([low * 1.02, (low + top) / 2, top, None]))
+                size = rng.choice(sizes)
+                check_equal(engine.run(feeds[size]), want[size], names)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+        done.set()
+
+    worker = threading.Thread(target=frames, daemon=True)
+    worker.start()
+    worker.join(timeout=180)
+    assert done.is_set(), "a frame stalled"
+    assert not failures, failures
+    engine.close()

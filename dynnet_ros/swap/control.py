@@ -443,24 +443,21 @@ class SwapControl:
 
         inmemory = self.inmemory_bytes()
         measured = self._inmemory_ms.get(getattr(self.engine, "_last_signature", None))
-        if measured is None and self.streamed is None:
-            measured = getattr(self.engine, "_last_latency_ms", None)  # one frame so far (set-up included)
+        if self.streamed is not None and self.streamed.compute_ms is not None:
+            measured = measured if measured is not None else self.streamed.compute_ms
+        if measured is None:  # one frame so far (its set-up included)
+            measured = getattr(self.engine, "_last_latency_ms", None)
+        if measured is None:
+            return []
         if self.streamed is not None:
-            rows = [row for row in self.streamed.latency_table(inmemory) if row[0] < inmemory / MB]
-            compute = self.streamed.compute_ms
+            rows = [row for row in self.streamed.latency_table(inmemory, measured) if row[0] < inmemory / MB]
         else:
-            low = self._stream_minimum_estimate()
-            compute = measured
             rows = []
-            if measured is not None:
-                for budget in np.linspace(low, inmemory, 8)[:-1]:
-                    allowance = budget - (inmemory - self.engine.weight_bytes)
-                    rows.append((float(budget) / MB,
-                                 predict_latency_ms(measured, self.engine.weight_bytes, allowance, 0, None)))
-        top = measured if measured is not None else compute
-        if top is not None:
-            rows.append((inmemory / MB, top))
-        return rows
+            for budget in np.linspace(self._stream_minimum_estimate(), inmemory, 8)[:-1]:
+                allowance = budget - (inmemory - self.engine.weight_bytes)
+                rows.append((float(budget) / MB,
+                             predict_latency_ms(measured, self.engine.weight_bytes, allowance, 0, None)))
+        return rows + [(inmemory / MB, measured)]
 
     def stats(self) -> dict:
         if self.streamed is not None:

@@ -300,18 +300,21 @@ class StreamedExecutor:
         """Smoothed frame time minus waits for weights."""
         return self._compute_ms
 
-    def predicted_latency_ms(self, budget_bytes: int) -> float | None:
-        if self._compute_ms is None:
+    def predicted_latency_ms(self, budget_bytes: int, compute_ms: float | None = None) -> float | None:
+        """``compute_ms``: the frame time to assume until this executor has measured its own."""
+        compute = self._compute_ms if self._compute_ms is not None else compute_ms
+        if compute is None:
             return None
         allowance = self.footprint().allowance(budget_bytes)
-        return predict_latency_ms(self._compute_ms, self.weight_span, allowance, self.window.min_stream_bytes,
+        return predict_latency_ms(compute, self.weight_span, allowance, self.window.min_stream_bytes,
                                   self.window.stats.read_mb_s)
 
-    def latency_table(self, top_bytes: int, levels: int = 8) -> list[tuple[float, float]]:
+    def latency_table(self, top_bytes: int, compute_ms: float | None = None,
+                      levels: int = 8) -> list[tuple[float, float]]:
         low = self.min_budget_bytes() * LOWEST_LEVEL_SLACK
         rows = []
         for budget in np.linspace(low, max(low, top_bytes), levels):
-            ms = self.predicted_latency_ms(int(budget))
+            ms = self.predicted_latency_ms(int(budget), compute_ms)
             if ms is not None:
                 rows.append((float(budget) / MB, ms))
         return rows
