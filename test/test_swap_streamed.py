@@ -244,3 +244,15 @@ def test_random_budget_changes_between_frames_never_stall(name):
     assert done.is_set(), "a frame stalled"
     assert not failures, failures
     engine.close()
+
+
+def test_engine_refused_at_construction_leaves_no_executor_behind():
+    import threading
+
+    def windows() -> int:
+        return sum(1 for t in threading.enumerate() if t.name == "weight-window")
+
+    before = windows()
+    with pytest.raises(ValueError, match="below this model's minimum"):
+        Engine(str(ensure_model("lane")), threads=1, memory_budget_mb=1.0)
+    assert windows() == before

@@ -64,7 +64,11 @@ class Engine:
         from dynnet_ros.swap.control import SwapControl  # budget policy: in memory or swapped blocks
 
         self._swap = SwapControl(self, create_executor)
-        self.set_memory_budget(memory_budget_mb)
+        try:
+            self.set_memory_budget(memory_budget_mb)
+        except ValueError:
+            self.close()  # an executor built for the refused budget would outlive this engine
+            raise
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Same semantics as ``InferenceSession.run(None, feeds)`` but keyed by output name."""
@@ -130,7 +134,8 @@ class Engine:
 
     def close(self) -> None:
         with self._lock:
-            self._executor.close()
+            if self._executor is not None:
+                self._executor.close()
             self._swap.close()
 
     def __enter__(self) -> "Engine":

@@ -2,12 +2,14 @@
 
 Kept out of engine.py so the facade only delegates (``Engine.set_memory_budget`` and friends):
 
-* ``None``  -> the backend's normal in-memory executor.
-* a budget at or above the in-memory footprint estimate -> stay in memory.
-* a smaller budget, cpu backend -> the StreamedExecutor (swap/streamed.py): the planned engine
-  with its weights streamed through a window the budget sizes; later budget changes resize the
-  window. ``DYNNET_SWAP_MODE=blocks`` (and models without the blocked layout, TensorRT) use the
-  SwappedExecutor instead: per-block sessions with the look-up table's partition.
+* ``None``  -> the backend's normal in-memory executor (but see the next point).
+* any budget, cpu backend -> the StreamedExecutor (swap/streamed.py): the planned engine with
+  its weights streamed through a window the budget sizes, every weight resident when the budget
+  allows. Built once (at construction for ``Engine(swappable=True)``) and kept, ``None``
+  included: later budget changes only resize the window.
+* ``DYNNET_SWAP_MODE=blocks``, models without the blocked layout, TensorRT: below the in-memory
+  estimate the SwappedExecutor (per-block sessions, the look-up table's partition); at or above
+  it the in-memory executor.
 * a budget below the model's minimum -> ValueError with the reason; nothing changes.
 
 In swap mode the Engine's ``proto`` is replaced by the store's weightless graph, because a
