@@ -452,6 +452,7 @@ class SwapControl:
         if measured is None:
             return []
         if self.streamed is not None:
+            inmemory = max(inmemory, self.streamed.lowest_level_bytes())  # a level must stay above the minimum
             rows = [row for row in self.streamed.latency_table(inmemory, measured) if row[0] < inmemory / MB]
         else:
             rows = []

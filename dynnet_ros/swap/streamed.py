@@ -230,6 +230,11 @@ class StreamedExecutor:
         need = fp.nonweight + self.window.min_stream_bytes
         return int(need / (1 - MARGIN_FRACTION)) + 1
 
+    def lowest_level_bytes(self) -> int:
+        """The lowest budget a table offers: the minimum with room for the next frames'
+        measurements to move it (relative for big models, 256 KiB for tiny ones)."""
+        return int(self.min_budget_bytes() * LOWEST_LEVEL_SLACK) + RESIZE_SLACK_BYTES
+
     def inmemory_bytes(self) -> int:
         fp = self.footprint()
         return int((fp.nonweight + self.weight_span) / (1 - MARGIN_FRACTION)) + 1
@@ -311,7 +316,7 @@ class StreamedExecutor:
 
     def latency_table(self, top_bytes: int, compute_ms: float | None = None,
                       levels: int = 8) -> list[tuple[float, float]]:
-        low = self.min_budget_bytes() * LOWEST_LEVEL_SLACK
+        low = self.lowest_level_bytes()
         rows = []
         for budget in np.linspace(low, max(low, top_bytes), levels):
             ms = self.predicted_latency_ms(int(budget), compute_ms)
