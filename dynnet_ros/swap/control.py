@@ -97,6 +97,7 @@ class SwapControl:
         self._store_dir = os.environ.get("DYNNET_SWAP_STORE") or None
         self.streamed: StreamedExecutor | None = None
         self._stream_unavailable: str | None = None  # why this model cannot stream (then: blocks)
+        self._weight_file = None  # the verified weight file, once a budget asked for streaming
 
     @property
     def store(self) -> Store | None:
@@ -290,16 +291,19 @@ class SwapControl:
         if self.streamed is not None:
             self.streamed.set_budget(budget)  # ValueError: the window stays as it was
             return self.streamed
-        try:  # before anything is closed: can this model stream at all (layout, weight file)?
-            weights, rebuilt = prepare_weight_file(self.engine.proto)
-        except (ValueError, OSError, StoreError) as exc:
-            self._stream_unavailable = str(exc)
-            LOG.warning("weights of %s cannot be streamed (%s); swapping per-block sessions instead",
-                        self.engine.model_path or "this model", exc)
-            return None
-        if rebuilt:
-            self.rebuilt_reason = rebuilt
-            LOG.warning("weight file of %s rebuilt: %s", self.engine.model_path, rebuilt)
+        weights = self._weight_file
+        if weights is None:  # before anything is closed: can this model stream at all (layout, weight file)?
+            try:
+                weights, rebuilt = prepare_weight_file(self.engine.proto)
+            except (ValueError, OSError, StoreError) as exc:
+                self._stream_unavailable = str(exc)
+                LOG.warning("weights of %s cannot be streamed (%s); swapping per-block sessions instead",
+                            self.engine.model_path or "this model", exc)
+                return None
+            if rebuilt:
+                self.rebuilt_reason = rebuilt
+                LOG.warning("weight file of %s rebuilt: %s", self.engine.model_path, rebuilt)
+            self._weight_file = weights  # verified once (its checksums read 50 MB for depth), not per attempt
         # a working in-memory executor is only given up for a budget that can plausibly be met
         estimate = self._stream_minimum_estimate() if current is not None else 0
         if budget is not None and budget < estimate:
@@ -338,10 +342,10 @@ class SwapControl:
         """Before the streamed executor exists, a low estimate of its minimum: the arena at the
         reference shape, onnxruntime's environment and the largest weight one step needs (FC
         weights split to 1/8 of all weights). Budgets below it are refused without a build."""
-        from dynnet_ros.swap.streamed import MIN_SPLIT_BYTES, SPLIT_FRACTION
+        from dynnet_ros.swap.streamed import split_bytes_for
 
         sizes = sorted(int(np.prod(t.dims, dtype=np.int64)) * 4 for t in self.engine.proto.graph.initializer)
-        split = max(MIN_SPLIT_BYTES, int(self.engine.weight_bytes * SPLIT_FRACTION))
+        split = split_bytes_for(self.engine.weight_bytes)
         step = min(sizes[-1], max(split, sizes[-2] if len(sizes) > 1 else 0)) if sizes else 0
         return self.inmemory_bytes() - self.engine.weight_bytes - PLANNED_BASE_BYTES + ESTIMATED_BASE_BYTES + step
 

@@ -85,6 +85,9 @@ class WeightWindow:
         for i, tensor in enumerate(self.tensors):
             self.ending[tensor.last].append(i)
         self.total_span = sum(t.span for t in self.tensors)
+        #: most bytes that must be resident at one segment: its own weights and those live across it
+        self.min_stream_bytes = max((sum(t.span for t in self.tensors if t.first <= k <= t.last)
+                                     for k in range(len(self.needed))), default=0)
         self.stats = WindowStats()
         self._cond = threading.Condition()
         self._allowance = 0
@@ -107,23 +110,13 @@ class WeightWindow:
         self._thread.start()
 
     # ------------------------------------------------------------------ sizing
-    def live_bytes(self) -> int:
-        """Most bytes that must be resident at one segment: its own weights and weights live
-        across it."""
-        return max((sum(t.span for t in self.tensors if t.first <= k <= t.last) for k in range(len(self.needed))),
-                   default=0)
-
-    @property
-    def min_stream_bytes(self) -> int:
-        return self.live_bytes()
-
     def _choose_pinned(self, allowance: int) -> set[int]:
         """Latest-first tensors that fit next to twice the streaming need (current + next)."""
         if allowance >= self.total_span:
             return set(range(len(self.tensors)))
         if self.naive:
             return set()
-        need = self.live_bytes()
+        need = self.min_stream_bytes
         room = allowance - 2 * need
         pinned: set[int] = set()
         for i in sorted(range(len(self.tensors)), key=lambda i: -self.tensors[i].first):

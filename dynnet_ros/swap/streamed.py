@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import mmap
 import os
 import time
 from dataclasses import dataclass
@@ -36,8 +35,9 @@ import onnxruntime as ort
 from onnx import helper
 
 from dynnet_ros.swap.residency import WeightWindow
-from dynnet_ros.swap.swapin import ALIGN, HUGE_PAGE, HostArena, WeightReader, align_up, huge_pages_available
-from dynnet_ros.swap.weight_file import WeightFile, all_graphs, ensure_weight_file
+from dynnet_ros.engine.plan.graph import all_graphs
+from dynnet_ros.swap.swapin import HostArena, WeightReader, arena_layout, huge_pages_available
+from dynnet_ros.swap.weight_file import WeightFile, ensure_weight_file
 
 LOG = logging.getLogger(__name__)
 MB = 2**20
@@ -68,8 +68,12 @@ def prepare_weight_file(model: onnx.ModelProto, store_root: str | os.PathLike | 
     total = sum(int(np.prod(t.dims, dtype=np.int64)) * 4 for g in all_graphs(laid_skeleton.graph)
                 for t in g.initializer)
     del laid_skeleton
-    split_bytes = max(MIN_SPLIT_BYTES, int(total * SPLIT_FRACTION))
-    return ensure_weight_file(laid.path, split_bytes=split_bytes, root=store_root)
+    return ensure_weight_file(laid.path, split_bytes=split_bytes_for(total), root=store_root)
+
+
+def split_bytes_for(weight_bytes: int) -> int:
+    """The largest FC piece for a model with ``weight_bytes`` of weights."""
+    return max(MIN_SPLIT_BYTES, int(weight_bytes * SPLIT_FRACTION))
 
 
 def prepare(path: str | os.PathLike) -> WeightFile | None:
@@ -81,31 +85,6 @@ def prepare(path: str | os.PathLike) -> WeightFile | None:
         return prepare_weight_file(load_skeleton(path))[0]
     except ValueError:
         return None
-
-
-def region_layout(weights: WeightFile) -> tuple[dict[str, int], int]:
-    """Where each tensor lives in memory: tensors of 2 MiB or more start on a 2 MiB boundary (their
-    whole 2 MiB units can be huge pages: a direct read into huge pages is 2-3x cheaper than into
-    4 KiB pages, which fault one by one), smaller ones packed at 4 KiB. Virtual space only: the
-    gaps are never touched."""
-    places, end = {}, 0
-    for tensor in sorted(weights.tensors.values(), key=lambda t: t.offset):
-        end = align_up(end, HUGE_PAGE if tensor.span >= HUGE_PAGE else ALIGN)
-        places[tensor.name] = end
-        end += tensor.span
-    return places, align_up(max(end, ALIGN), HUGE_PAGE)
-
-
-def advise_huge_bodies(region: HostArena, places: dict[str, int], weights: WeightFile) -> None:
-    """Huge pages only for the whole 2 MiB units of big tensors; 4 KiB pages elsewhere, so a small
-    tensor never makes a 2 MiB page resident (RSS must follow the window byte for byte)."""
-    if not region.huge_pages or not hasattr(mmap, "MADV_NOHUGEPAGE"):
-        return
-    region.advise(0, region.size, mmap.MADV_NOHUGEPAGE)
-    for name, where in places.items():
-        body = weights.tensors[name].span // HUGE_PAGE * HUGE_PAGE
-        if body:
-            region.advise(where, body, mmap.MADV_HUGEPAGE)
 
 
 def rss_bytes(fd: int) -> int:
@@ -157,9 +136,14 @@ class StreamedExecutor:
             prepare_weight_file(model, store_root)
         self.split_bytes = int(self.file.index["split_bytes"])
         graph = self.file.graph()
-        self.places, region_size = region_layout(self.file)
-        self.region = HostArena(region_size, huge_pages=huge_pages_available())
-        advise_huge_bodies(self.region, self.places, self.file)
+        # big tensors' whole 2 MiB units in huge pages (direct reads 2-3x cheaper than into 4 KiB
+        # pages), everything else 4 KiB pages so RSS follows the window byte for byte
+        tensors = sorted(self.file.tensors.values(), key=lambda t: t.offset)
+        huge = huge_pages_available()
+        offsets, region_size = arena_layout([t.span for t in tensors], huge)
+        self.places = {t.name: offset for t, offset in zip(tensors, offsets)}
+        self.region = HostArena(region_size, huge_pages=huge)
+        self.region.advise_spans(offsets, [t.span for t in tensors])
         self.reader = WeightReader(self.file.weights_path)
         self._values = self._views(graph)
         options = PlannerOptions(threads=threads, optimization_level="basic", nchwc_max_bytes=0, layout="nchwc",

@@ -27,6 +27,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from dynnet_ros.engine.plan.graph import all_graphs
 from dynnet_ros.engine.plan.loader import EXTERNAL_DIR_KEY, read_external, skeleton_proto
 from dynnet_ros.swap.gemm_split import split_large_gemms
 from dynnet_ros.swap.store import StoreError
@@ -115,17 +116,6 @@ class WeightFile:
         entry = model.metadata_props.add()
         entry.key, entry.value = EXTERNAL_DIR_KEY, str(self.directory.resolve())
         return model
-
-
-def all_graphs(graph: onnx.GraphProto):
-    """``graph`` and every subgraph inside it (If branches, Loop bodies), depth first."""
-    yield graph
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from all_graphs(attribute.g)
-            for sub in attribute.graphs:
-                yield from all_graphs(sub)
 
 
 def _is_weight(tensor: onnx.TensorProto) -> bool:

@@ -23,7 +23,7 @@ import onnxruntime as ort
 from dynnet_ros.engine.memtrim import pin_mmap_threshold
 from dynnet_ros.engine.plan.arena import Arena, align
 from dynnet_ros.engine.plan.cache import LruCache
-from dynnet_ros.engine.plan.graph import GraphIndex, node_inputs, split_weights
+from dynnet_ros.engine.plan.graph import GraphIndex, node_inputs, split_weights, subgraphs
 from dynnet_ros.engine.plan.loader import external_data_dir
 from dynnet_ros.engine.plan.memory_plan import lower_bound, plan_offsets
 from dynnet_ros.engine.plan.partition import Segment, describe_segment, partition, sink_small_nodes
@@ -925,12 +925,10 @@ _SESSION_BYTES = 256 * 1024  # what one more onnxruntime session costs beyond it
 def _names_read(node: onnx.NodeProto) -> list[str]:
     """Inputs of ``node`` and every name its subgraphs read (an If's branch weights)."""
     names = list(node_inputs(node))
-    for attribute in node.attribute:
-        graphs = ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else []) + list(attribute.graphs)
-        for graph in graphs:
-            names += [t.name for t in graph.initializer]
-            for inner in graph.node:
-                names += _names_read(inner)
+    for graph in subgraphs(node):
+        names += [t.name for t in graph.initializer]
+        for inner in graph.node:
+            names += _names_read(inner)
     return names
 
 

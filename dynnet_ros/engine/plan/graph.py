@@ -27,6 +27,14 @@ def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     return out
 
 
+def all_graphs(graph: onnx.GraphProto):
+    """``graph`` and every graph nested in it (If branches, Loop/Scan bodies), depth first."""
+    yield graph
+    for node in graph.node:
+        for sub in subgraphs(node):
+            yield from all_graphs(sub)
+
+
 def outer_scope_inputs(graph: onnx.GraphProto) -> set[str]:
     """Names a body graph uses but does not define (inputs from the enclosing scope)."""
     defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
