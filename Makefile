@@ -13,11 +13,12 @@ export ROS_AUTOMATIC_DISCOVERY_RANGE ?= LOCALHOST
 export RMW_IMPLEMENTATION ?= rmw_fastrtps_cpp
 export PYTHONDONTWRITEBYTECODE = 1
 
-.PHONY: venv zoo test demo bench colcon-check clean help
+.PHONY: venv zoo test lint demo bench colcon-check clean help
 
 help:
 	@echo "make demo   - build the venv and demo models, run the vehicle graph, write demo-report/"
 	@echo "make test   - build the venv and run the whole test suite"
+	@echo "make lint   - ruff and mypy (also part of make test)"
 	@echo "make bench  - run the benchmarks under bench/"
 
 $(VENV)/.stamp: requirements.txt requirements-dev.txt setup.py package.xml
@@ -35,6 +36,10 @@ zoo: venv
 
 test: venv
 	$(PY) -m pytest test $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check dynnet_ros test bench launch setup.py
+	$(VENV)/bin/mypy dynnet_ros
 
 demo: zoo
 	$(VENV)/bin/dynnet demo --duration $(DEMO_DURATION) --report demo-report

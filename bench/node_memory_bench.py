@@ -32,18 +32,18 @@ from pathlib import Path
 
 import yaml
 
+from dynnet_ros.engine.procmem import status_bytes
+from dynnet_ros.units import MB
+
 REPO = Path(__file__).resolve().parents[1]
 MODELS = ("lane", "pedestrian", "depth")
 
 
 def vm_rss_mb(pid: int) -> float | None:
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
+        return status_bytes("VmRSS", pid) / MB
+    except (OSError, KeyError):  # the node exited, or is a zombie without memory lines
         return None
-    return None
 
 
 def main() -> int:

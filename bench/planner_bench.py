@@ -111,7 +111,10 @@ def bench_dnn(seed: int) -> list[dict]:
     rows = []
     for path in onnx_light_models():
         nodes, sizes, outputs = dnn_graph(path)
-        size_of = lambda t: sizes.get(t, 0)  # noqa: E731
+
+        def size_of(t: str, sizes: dict[str, int] = sizes) -> int:
+            return sizes.get(t, 0)
+
         t0 = time.perf_counter()
         res = best_order(nodes, size_of, outputs)
         order_s = time.perf_counter() - t0

@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from dynnet_ros.swap.bench import BenchPlan, plot, run_bench
+from dynnet_ros.commands.swap_bench import BenchPlan, plot, run_bench
 from dynnet_ros.zoo import MODEL_NAMES, ensure_model
 
 
@@ -39,7 +39,8 @@ def markdown(results: list[dict]) -> str:
                 f"| {fmt(row.get('peak_over_budget'), '{:.2f}')} | {fmt(row['mean_ms'], '{:.0f}')} "
                 f"| {fmt(row['p95_ms'], '{:.0f}')} | {fmt(row.get('ab_ratio_mean'), '{:.2f}')} "
                 f"| {fmt(row.get('ab_cpu_ratio'), '{:.2f}')} "
-                f"| {fmt(row.get('ab_inmemory_ratio_mean'), '{:.2f}')} | {fmt(row.get('ab_inmemory_cpu_ratio'), '{:.2f}')} "
+                f"| {fmt(row.get('ab_inmemory_ratio_mean'), '{:.2f}')} "
+                f"| {fmt(row.get('ab_inmemory_cpu_ratio'), '{:.2f}')} "
                 f"| {row.get('blocks')}{pinned} "
                 f"| {fmt(row.get('max_abs_diff'), '{:.1e}')} | {fmt(row.get('switch_p95_ms'), '{:.2f}')} "
                 f"| {fmt(row.get('store_cached_mb'))} |")

@@ -1,8 +1,9 @@
 """Read and validate config/vehicle.yaml: the one description of the vehicle graph.
 
 Both `launch/vehicle.launch.py` (robots with ROS 2 installed) and `dynnet up` (anywhere) build
-their processes from a `GraphConfig`, so the two can never disagree on nodes, parameters or
-remappings. No ROS imports here.
+their processes from `graph_processes()`, so the two can never disagree on nodes, parameters,
+remappings or namespace (test/test_launch.py compares the processes each one starts). No ROS
+imports here.
 """
 from __future__ import annotations
 
@@ -35,18 +36,6 @@ class NodeConfig:
     parameters: dict[str, Any] = field(default_factory=dict)
     remappings: dict[str, str] = field(default_factory=dict)
     sim: bool = False  # part of the simulator: skipped by `--no-sim` / `use_sim:=false`
-
-    @property
-    def module(self) -> str:
-        return EXECUTABLES[self.executable]
-
-    def params_file_data(self) -> dict:
-        """Content of this node's own ROS 2 --params-file.
-
-        Keyed "/**" (any node): the file is passed to this node only, and a bare node name would
-        not match once `dynnet up --namespace` moves the node.
-        """
-        return {"/**": {"ros__parameters": dict(self.parameters)}}
 
 
 @dataclass(frozen=True)
@@ -167,18 +156,48 @@ def validate_namespace(namespace: str) -> str:
     return namespace
 
 
-def node_command(node: NodeConfig, params_file: str | Path, python: str = sys.executable,
-                 namespace: str = "") -> list[str]:
-    """argv that runs one node as its own process (what `dynnet up` starts).
+@dataclass(frozen=True)
+class ProcessSpec:
+    """One node process as both launchers start it: what `ros2 run dynnet_ros <executable>` runs,
+    under ``name`` in ``namespace`` ('' = none), with these parameters and remappings."""
+
+    name: str
+    executable: str
+    namespace: str
+    parameters: dict[str, Any]
+    remappings: tuple[tuple[str, str], ...]
+
+    @property
+    def module(self) -> str:
+        return EXECUTABLES[self.executable]
+
+    def params_file_data(self) -> dict:
+        """Content of this node's own ROS 2 --params-file.
+
+        Keyed "/**" (any node): the file is passed to this node only, whatever its namespace.
+        """
+        return {"/**": {"ros__parameters": dict(self.parameters)}}
+
+
+def graph_processes(graph: GraphConfig, use_sim: bool = True, namespace: str = "") -> list[ProcessSpec]:
+    """The processes of the graph: one per selected node, in config order.
 
     A namespace moves the node and its relative topics (camera/image_raw, lane/mask, ...)
     under it; /diagnostics stays global, as diagnostic aggregators expect.
     """
-    cmd = [python, "-m", node.module, "--ros-args", "-r", f"__node:={node.name}"]
-    if namespace:
-        cmd += ["-r", f"__ns:={validate_namespace(namespace)}"]
-    if node.parameters:
+    namespace = validate_namespace(namespace)
+    return [ProcessSpec(name=node.name, executable=node.executable, namespace=namespace,
+                        parameters=dict(node.parameters), remappings=tuple(node.remappings.items()))
+            for node in graph.selected(use_sim)]
+
+
+def node_command(process: ProcessSpec, params_file: str | Path, python: str = sys.executable) -> list[str]:
+    """argv that runs one node as its own process (what `dynnet up` starts)."""
+    cmd = [python, "-m", process.module, "--ros-args", "-r", f"__node:={process.name}"]
+    if process.namespace:
+        cmd += ["-r", f"__ns:={process.namespace}"]
+    if process.parameters:
         cmd += ["--params-file", str(params_file)]
-    for src, dst in node.remappings.items():
+    for src, dst in process.remappings:
         cmd += ["-r", f"{src}:={dst}"]
     return cmd

@@ -13,7 +13,7 @@ from launch.actions import DeclareLaunchArgument, OpaqueFunction, SetEnvironment
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
-from dynnet_ros.graph_config import PACKAGE, default_config_path, load_graph, validate_namespace
+from dynnet_ros.graph_config import PACKAGE, default_config_path, graph_processes, load_graph
 
 
 def _default_config() -> str:
@@ -29,14 +29,16 @@ def _default_config() -> str:
 
 
 def _nodes(context, *args, **kwargs):
-    """Resolve the launch arguments, then one launch_ros Node per configured node."""
+    """Resolve the launch arguments, then one launch_ros Node per process of `graph_processes`
+    (the function `dynnet up` starts its processes from)."""
     graph = load_graph(LaunchConfiguration("config").perform(context))
-    use_sim = LaunchConfiguration("use_sim").perform(context).strip().lower() in ("true", "1", "yes")
-    namespace = validate_namespace(LaunchConfiguration("namespace").perform(context).strip())
+    use_sim = LaunchConfiguration("use_sim").perform(context).strip().lower() == "true"
+    namespace = LaunchConfiguration("namespace").perform(context).strip()
     return [
-        Node(package=PACKAGE, executable=node.executable, name=node.name, namespace=namespace or None,
-             output="screen", parameters=[node.parameters], remappings=list(node.remappings.items()))
-        for node in graph.selected(use_sim)
+        Node(package=PACKAGE, executable=process.executable, name=process.name,
+             namespace=process.namespace or None, output="screen",
+             parameters=[process.parameters] if process.parameters else [], remappings=list(process.remappings))
+        for process in graph_processes(graph, use_sim, namespace)
     ]
 
 

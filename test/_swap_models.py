@@ -54,8 +54,8 @@ def zoo_case(name: str, sizes: list[tuple[int, int]], threads: int = 1):
     """(engine with no budget, feeds per size, onnxruntime's outputs per size, output names)."""
     import onnxruntime as ort
 
+    from dynnet_ros.commands.swap_bench_worker import make_feeds
     from dynnet_ros.engine import Engine
-    from dynnet_ros.swap.bench import make_feeds
     from dynnet_ros.zoo import ensure_model
 
     path = str(ensure_model(name))

@@ -9,8 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dynnet_ros.budget.planner import BudgetPlanner, ManagerConfig, NodeConfig
-from dynnet_ros.budget.policy import (Hysteresis, NodeSpec, PoolConfig, allocate, apply_hysteresis,
-                                      dnn_pool_mb, segments)
+from dynnet_ros.budget.policy import Hysteresis, NodeSpec, PoolConfig, allocate, apply_hysteresis, dnn_pool_mb, segments
 from dynnet_ros.budget.profile import ProfileHold, engine_profile
 from dynnet_ros.budget.protocol import BudgetReport, ModelProfile
 from dynnet_ros.budget.sources import MemoryReading
@@ -290,8 +289,13 @@ class _SwapEngine:
 
 
 class _PlainEngine:
-    def stats(self):
-        return {"last_latency_ms": 12.0}
+    """No table and no minimum: only its footprint and last latency describe it."""
+
+    def latency_table(self):
+        return []
+
+    def min_budget_mb(self):
+        return None
 
 
 def test_engine_profile_uses_the_engine_table():

@@ -34,6 +34,7 @@ from visualization_msgs.msg import MarkerArray
 from dynnet_ros.budget.protocol import BUDGETS_TOPIC, PROFILES_TOPIC
 from dynnet_ros.commands.up import stop_process_group
 from dynnet_ros.graph_config import default_config_path
+from dynnet_ros.units import MB
 
 REPO = Path(__file__).resolve().parents[1]
 # Own namespace as well as own ROS_DOMAIN_ID: another graph on this machine that happens to share
@@ -42,7 +43,6 @@ NS = f"/budgettest_{os.getpid()}"
 MODEL_NODES = tuple(f"{NS}/{n}" for n in ("lane_node", "pedestrian_node", "depth_node"))
 DEPTH, PEDESTRIAN, MANAGER = f"{NS}/depth_node", f"{NS}/pedestrian_node", f"{NS}/budget_manager"
 OUTPUTS = {"/lane/mask": Image, "/pedestrian/markers": MarkerArray, "/depth/image": Image}
-MIB = 1024 * 1024
 HYST_MB = 2.5      # the test config's hysteresis (2 MB / 2 %) plus rounding
 HOG_CAP_MB = 3072  # never hog more than this on a shared machine
 
@@ -69,7 +69,7 @@ def _graph_config(tmp_path: Path) -> Path:
             p.update(rate_hz=3.0, resolutions=["320x240"])  # one size: stable budget tables
         elif node["name"] == "budget_manager":
             # start roomy; the test moves the pool with reserve_mb before the hog runs
-            p.update(reserve_mb=max(0.0, psutil.virtual_memory().available / MIB - 4000.0), total_budget_mb=0.0,
+            p.update(reserve_mb=max(0.0, psutil.virtual_memory().available / MB - 4000.0), total_budget_mb=0.0,
                      rate_hz=4.0, monitor_hz=10.0, pressure_drop_mb=32.0, hysteresis_mb=2.0,
                      hysteresis_frac=0.02, min_interval_s=0.5, profile_timeout_s=6.0)
         elif node["name"] in ("lane_node", "pedestrian_node", "depth_node"):

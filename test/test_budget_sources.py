@@ -1,14 +1,23 @@
 """Memory sources on fixture files: meminfo, Jetson NvMap, cgroup v2/v1 discovery and limits."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from dynnet_ros.budget.sources import (MemoryReading, MemorySource, choose, find_cgroup, parse_limit_bytes,
-                                       parse_proc_status, process_memory,
-                                       parse_meminfo, reading_from_cgroup, reading_from_jetson_meminfo,
-                                       reading_from_meminfo)
+from dynnet_ros.budget.cgroup import CgroupPaths, find_cgroup, locate_cgroup, parse_limit_bytes
+from dynnet_ros.budget.sources import (
+    MemoryReading,
+    MemorySource,
+    choose,
+    parse_meminfo,
+    reading_from_cgroup,
+    reading_from_jetson_meminfo,
+    reading_from_meminfo,
+)
+from dynnet_ros.engine.procmem import parse_proc_status, process_memory, process_rss, status_bytes
+from dynnet_ros.units import MB
 
 MEMINFO = """MemTotal:        8000000 kB
 MemFree:         1000000 kB
@@ -30,7 +39,6 @@ MOUNTINFO_V1 = """31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=
 35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
 41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
 """
-MIB = 1024 * 1024
 
 
 def _write(root: Path, rel: str, text: str) -> None:
@@ -70,23 +78,38 @@ def test_cgroup_limits_parse_and_headroom():
     with pytest.raises(ValueError, match="limit"):
         parse_limit_bytes("lots")
     assert reading_from_cgroup(2, "max", "123") is None
-    r = reading_from_cgroup(2, str(2048 * MIB), str(1536 * MIB), f"anon 1\ninactive_file {128 * MIB}\n")
+    r = reading_from_cgroup(2, str(2048 * MB), str(1536 * MB), f"anon 1\ninactive_file {128 * MB}\n")
     assert r.source == "cgroup-v2" and r.total_mb == 2048 and r.available_mb == pytest.approx(640)
-    r1 = reading_from_cgroup(1, str(1024 * MIB), str(1000 * MIB), f"total_inactive_file {24 * MIB}\n")
+    r1 = reading_from_cgroup(1, str(1024 * MB), str(1000 * MB), f"total_inactive_file {24 * MB}\n")
     assert r1.source == "cgroup-v1" and r1.available_mb == pytest.approx(48)
 
 
 def test_find_cgroup_v2_and_v1_and_container_root(tmp_path):
-    _write(tmp_path, "sys/fs/cgroup/user.slice/app/memory.max", str(512 * MIB))
-    _write(tmp_path, "sys/fs/cgroup/user.slice/app/memory.current", str(100 * MIB))
+    _write(tmp_path, "sys/fs/cgroup/user.slice/app/memory.max", str(512 * MB))
+    _write(tmp_path, "sys/fs/cgroup/user.slice/app/memory.current", str(100 * MB))
     found = find_cgroup("0::/user.slice/app\n", MOUNTINFO_V2, tmp_path)
     assert found.version == 2 and found.directory == tmp_path / "sys/fs/cgroup/user.slice/app"
     # v1 hierarchy; the listed path does not exist inside the container, so the mount root is used
-    _write(tmp_path, "sys/fs/cgroup/memory/memory.limit_in_bytes", str(256 * MIB))
-    _write(tmp_path, "sys/fs/cgroup/memory/memory.usage_in_bytes", str(10 * MIB))
+    _write(tmp_path, "sys/fs/cgroup/memory/memory.limit_in_bytes", str(256 * MB))
+    _write(tmp_path, "sys/fs/cgroup/memory/memory.usage_in_bytes", str(10 * MB))
     found = find_cgroup("4:memory:/process_api/abc\n0::/\n", MOUNTINFO_V1, tmp_path)
     assert found.version == 1 and found.directory == tmp_path / "sys/fs/cgroup/memory"
     assert find_cgroup("0::/\n", "", tmp_path) is None
+
+
+def test_cgroup_read_on_a_fixture_tree(tmp_path):
+    _write(tmp_path, "proc/self/cgroup", "0::/robot\n")
+    _write(tmp_path, "proc/self/mountinfo", MOUNTINFO_V2)
+    _write(tmp_path, "sys/fs/cgroup/robot/memory.max", str(512 * MB))
+    _write(tmp_path, "sys/fs/cgroup/robot/memory.current", str(100 * MB))
+    found = locate_cgroup(tmp_path)
+    assert found == CgroupPaths(2, tmp_path / "sys/fs/cgroup/robot")
+    usage = found.read()
+    assert (usage.limit, usage.usage, usage.stat_text) == (512 * MB, 100 * MB, "")
+    _write(tmp_path, "sys/fs/cgroup/robot/memory.current", "lots\n")
+    with pytest.raises(ValueError, match="usage"):
+        found.read()
+    assert locate_cgroup(tmp_path / "nowhere") is None
 
 
 def test_choose_picks_the_binding_reading():
@@ -103,9 +126,9 @@ def test_memory_source_on_fixture_tree(tmp_path):
     _write(tmp_path, "proc/meminfo", JETSON)
     _write(tmp_path, "proc/self/cgroup", "0::/robot\n")
     _write(tmp_path, "proc/self/mountinfo", MOUNTINFO_V2)
-    _write(tmp_path, "sys/fs/cgroup/robot/memory.max", str(1024 * MIB))
-    _write(tmp_path, "sys/fs/cgroup/robot/memory.current", str(900 * MIB))
-    _write(tmp_path, "sys/fs/cgroup/robot/memory.stat", f"inactive_file {20 * MIB}\n")
+    _write(tmp_path, "sys/fs/cgroup/robot/memory.max", str(1024 * MB))
+    _write(tmp_path, "sys/fs/cgroup/robot/memory.current", str(900 * MB))
+    _write(tmp_path, "sys/fs/cgroup/robot/memory.stat", f"inactive_file {20 * MB}\n")
     src = MemorySource(tmp_path)
     assert [r.source for r in src.readings()] == ["jetson", "cgroup-v2"]
     reading = src.read()
@@ -131,3 +154,11 @@ def test_process_memory_separates_anonymous_pages():
         parse_proc_status("Name: x\n")
     here = process_memory()
     assert 0 < here.anon_mb <= here.rss_mb
+
+
+def test_one_rss_reader_for_every_caller():
+    rss = process_rss([os.getpid(), 2**22 + 12345])  # the second pid does not exist
+    assert list(rss) == [os.getpid()] and rss[os.getpid()] % 1024 == 0
+    assert status_bytes("VmHWM") >= status_bytes("VmRSS") > 0
+    with pytest.raises(KeyError):
+        status_bytes("NoSuchLine")

@@ -8,8 +8,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from dynnet_ros.engine import Engine
-from dynnet_ros.engine.plan.executor import PlannedExecutor, PlannerOptions
+from dynnet_ros.engine.plan.executor import PlannedExecutor
 from dynnet_ros.engine.plan.loop import LoopRunner
+from dynnet_ros.engine.plan.options import PlannerOptions
 
 RTOL, ATOL = 1e-3, 1e-4
 F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL

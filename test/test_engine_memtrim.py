@@ -4,29 +4,27 @@ from __future__ import annotations
 import ctypes.util
 import platform
 
-import psutil
 import pytest
 
 from dynnet_ros.engine.memtrim import release_memory
-
-MIB = 2**20
+from dynnet_ros.engine.procmem import status_bytes
+from dynnet_ros.units import MB
 
 
 @pytest.mark.skipif(platform.system() != "Linux" or not ctypes.util.find_library("c"),
                     reason="malloc_trim is glibc-only (Linux)")
 def test_release_memory_returns_freed_heap_to_the_os():
-    proc = psutil.Process()
     # 2-KiB objects: above pymalloc's limit, below glibc's mmap threshold -> glibc heap chunks;
     # every other one kept alive so the heap cannot simply shrink from its top on free
     blocks = [bytes(2048) + bytes([i % 256]) for i in range(20000)]
     keep = blocks[::64]
-    before_free = proc.memory_info().rss
+    before_free = status_bytes("VmRSS")
     del blocks
-    after_free = proc.memory_info().rss
+    after_free = status_bytes("VmRSS")
     assert release_memory() is True
-    after_trim = proc.memory_info().rss
+    after_trim = status_bytes("VmRSS")
     # ~40 MiB were freed but stay in RSS (glibc keeps the heap); trimming returns most of it
-    assert after_trim < after_free - 20 * MIB, (before_free / MIB, after_free / MIB, after_trim / MIB)
+    assert after_trim < after_free - 20 * MB, (before_free / MB, after_free / MB, after_trim / MB)
     assert keep
 
 

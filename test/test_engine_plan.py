@@ -16,7 +16,8 @@ from dynnet_ros.engine import Engine
 from dynnet_ros.engine.backends import load_for_backend
 from dynnet_ros.engine.model_io import input_specs, load_model
 from dynnet_ros.engine.plan.control import IfRunner
-from dynnet_ros.engine.plan.executor import PlannedExecutor, PlannerOptions
+from dynnet_ros.engine.plan.executor import PlannedExecutor
+from dynnet_ros.engine.plan.options import PlannerOptions
 from dynnet_ros.engine.plan.simplify import simplify
 from dynnet_ros.zoo import MODEL_NAMES, ensure_model
 

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from dynnet_ros.nodes.convert import array_to_image, image_to_array, image_to_rgb_float
-from dynnet_ros.nodes.frame_memory import (MESSAGE_COPIES, InputBuffer, frame_bytes, resize_plane_into,
-                                           to_source_lean)
+from dynnet_ros.nodes.frame_memory import MESSAGE_COPIES, InputBuffer, frame_bytes, resize_plane_into, to_source_lean
 from dynnet_ros.nodes.geometry import plan_letterbox, resize_bilinear, to_nchw
 
 

@@ -1,4 +1,4 @@
-"""Package metadata: package.xml vs. what the code imports, setup.cfg, the launch file, colcon."""
+"""Package metadata: package.xml vs. the imports, setup.py and requirements.txt; setup.cfg, launch, colcon."""
 from __future__ import annotations
 
 import ast
@@ -7,8 +7,10 @@ import importlib.metadata
 import importlib.util
 import os
 import py_compile
+import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,24 +21,41 @@ from dynnet_ros.graph_config import EXECUTABLES, default_config_path, load_graph
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH_FILE = ROOT / "launch" / "vehicle.launch.py"
 
-# import name -> rosdep key package.xml must list
-ROSDEP_KEYS = {
-    "rclpy": "rclpy", "std_msgs": "std_msgs", "sensor_msgs": "sensor_msgs", "geometry_msgs": "geometry_msgs",
-    "diagnostic_msgs": "diagnostic_msgs", "visualization_msgs": "visualization_msgs",
-    "rcl_interfaces": "rcl_interfaces", "builtin_interfaces": "builtin_interfaces",
-    "ament_index_python": "ament_index_python", "launch": "launch", "launch_ros": "launch_ros",
-    "vision_msgs": "vision_msgs", "numpy": "python3-numpy", "yaml": "python3-yaml", "psutil": "python3-psutil",
-    "onnx": "python3-onnx-pip", "onnxruntime": "python3-onnxruntime-pip", "rich": "python3-rich-pip",
-    "matplotlib": "python3-matplotlib",
+# ROS packages the code imports: the import name is the rosdep key. The venv gets them from
+# PyPI's ros-* wheels pinned in requirements.txt, except those with no wheel (NO_WHEEL).
+ROS_PACKAGES = {"rclpy", "std_msgs", "sensor_msgs", "geometry_msgs", "diagnostic_msgs", "visualization_msgs",
+                "rcl_interfaces", "ament_index_python", "launch", "launch_ros", "vision_msgs"}
+# PyPI has no wheel for these: rosdep installs them on a robot; without them the venv degrades (README).
+NO_WHEEL = {"launch", "launch_ros", "vision_msgs"}
+# requirements.txt pins with no import of their own: the venv's middleware, which a ROS install
+# provides as its default, and std_msgs' message dependency pinned beside it.
+VENV_ONLY_PINS = {"ros-rmw-fastrtps-cpp", "ros-builtin-interfaces"}
+
+
+@dataclass(frozen=True)
+class PythonDependency:
+    """A non-ROS import: its rosdep key (package.xml) and PyPI distribution (setup.py, requirements.txt)."""
+
+    key: str
+    distribution: str
+
+
+PYTHON_DEPENDENCIES = {
+    "numpy": PythonDependency("python3-numpy", "numpy"),
+    "yaml": PythonDependency("python3-yaml", "PyYAML"),
+    "psutil": PythonDependency("python3-psutil", "psutil"),
+    "onnx": PythonDependency("python3-onnx-pip", "onnx"),  # no key in rosdistro: rosdep/dynnet_ros.yaml
+    "onnxruntime": PythonDependency("python3-onnxruntime-pip", "onnxruntime"),
+    "rich": PythonDependency("python3-rich", "rich"),
+    "matplotlib": PythonDependency("python3-matplotlib", "matplotlib"),
 }
-# install_requires distribution -> import name
-DISTRIBUTIONS = {"numpy": "numpy", "onnx": "onnx", "onnxruntime": "onnxruntime", "PyYAML": "yaml",
-                 "psutil": "psutil", "rich": "rich", "matplotlib": "matplotlib"}
+# Imported only by the tests: the rosdep key package.xml lists as a test_depend.
+TEST_KEYS = {"pytest": "python3-pytest", "hypothesis": "python3-hypothesis", "catkin_pkg": "python3-catkin-pkg"}
 # ament_python's convention: install_requires=['setuptools'] for the entry-point shims; the
 # ament_python build type itself brings setuptools, so package.xml does not list it.
 BUILD_ONLY = {"setuptools"}
 # GPU-only packages, imported lazily after an availability check (engine/backends/registry.py,
-# swap/): optional on a robot, like vision_msgs, so not exec_depends.
+# swap/); JetPack or the CUDA install provides them, and rosdistro has no keys for them.
 OPTIONAL_IMPORTS = {"tensorrt", "pycuda", "cuda"}
 
 
@@ -49,44 +68,60 @@ def _exec_keys(package) -> set[str]:
     return {d.name for d in package.exec_depends} | {d.name for d in package.run_depends}
 
 
-def _guarded(node: ast.AST, parents: dict) -> bool:
-    """True when an import sits in `try: ... except ImportError` (an optional dependency)."""
-    while node in parents:
-        node = parents[node]
-        if isinstance(node, ast.Try):
-            for handler in node.handlers:
-                names = []
-                if isinstance(handler.type, ast.Name):
-                    names = [handler.type.id]
-                elif isinstance(handler.type, ast.Tuple):
-                    names = [e.id for e in handler.type.elts if isinstance(e, ast.Name)]
-                if {"ImportError", "ModuleNotFoundError"} & set(names):
-                    return True
-    return False
+def _key(module: str) -> str | None:
+    if module in ROS_PACKAGES:
+        return module
+    dependency = PYTHON_DEPENDENCIES.get(module)
+    return dependency.key if dependency else None
 
 
-def third_party_imports() -> dict[str, set[str]]:
-    """Top-level modules imported (unguarded) by the package and the launch file -> files."""
+def third_party_imports(files: list[Path], local: frozenset[str] = frozenset()) -> dict[str, set[str]]:
+    """Top-level modules the files import (guarded ones too: they run where installed) -> files."""
     found: dict[str, set[str]] = {}
-    files = sorted((ROOT / "dynnet_ros").rglob("*.py")) + [LAUNCH_FILE]
     for path in files:
-        tree = ast.parse(path.read_text(), str(path))
-        parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
-        for node in ast.walk(tree):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names = [node.module]
             else:
                 continue
-            if _guarded(node, parents):
-                continue
             for name in names:
                 top = name.split(".")[0]
-                if top in sys.stdlib_module_names or top in OPTIONAL_IMPORTS or top in ("dynnet_ros", "__future__"):
+                if top in sys.stdlib_module_names or top in local or top in ("dynnet_ros", "__future__"):
                     continue
                 found.setdefault(top, set()).add(str(path.relative_to(ROOT)))
     return found
+
+
+def runtime_imports() -> dict[str, set[str]]:
+    """What `ros2 launch`, the nodes and `dynnet up` import: the package and the launch files."""
+    files = sorted((ROOT / "dynnet_ros").rglob("*.py")) + sorted((ROOT / "launch").glob("*.py"))
+    return {m: f for m, f in third_party_imports(files).items() if m not in OPTIONAL_IMPORTS}
+
+
+def setup_install_requires() -> set[str]:
+    """setup.py's install_requires, read from its source (not from a possibly stale installed copy)."""
+    for node in ast.walk(ast.parse((ROOT / "setup.py").read_text())):
+        if isinstance(node, ast.keyword) and node.arg == "install_requires":
+            return {re.split(r"[=<>~!\[; ]", r)[0] for r in ast.literal_eval(node.value)}
+    raise AssertionError("setup.py has no literal install_requires")
+
+
+def requirement_pins() -> dict[str, str]:
+    """requirements.txt: normalised distribution name -> the line; every line pins one version."""
+    pins = {}
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, sep, version = line.partition("==")
+            assert sep and version, f"requirements.txt: {line!r} is not pinned with =="
+            pins[_normalise(name)] = line
+    return pins
+
+
+def _normalise(distribution: str) -> str:
+    return re.sub(r"[-_.]+", "-", distribution).lower()
 
 
 def test_package_xml_is_format_3_ament_python_with_the_ros_dependencies(package):
@@ -98,20 +133,48 @@ def test_package_xml_is_format_3_ament_python_with_the_ros_dependencies(package)
     assert required <= _exec_keys(package), sorted(required - _exec_keys(package))
 
 
-def test_package_xml_lists_every_import_and_install_requires(package):
-    keys = _exec_keys(package)
-    imports = third_party_imports()
-    unknown = {m: sorted(f) for m, f in imports.items() if m not in ROSDEP_KEYS}
-    assert not unknown, f"imports with no rosdep key mapped (add to package.xml and ROSDEP_KEYS): {unknown}"
-    missing = {m: ROSDEP_KEYS[m] for m in imports if ROSDEP_KEYS[m] not in keys}
+def test_package_xml_lists_every_runtime_import(package):
+    imports = runtime_imports()
+    unmapped = {m: sorted(f) for m, f in imports.items() if _key(m) is None}
+    assert not unmapped, f"imports with no rosdep key (map them here and list them in package.xml): {unmapped}"
+    missing = {m: _key(m) for m in imports if _key(m) not in _exec_keys(package)}
     assert not missing, f"package.xml lacks exec_depends for imports: {missing}"
-    requires = importlib.metadata.requires("dynnet_ros") or []
-    for requirement in requires:
-        dist = requirement.split(";")[0].split("[")[0].split("=")[0].split("<")[0].split(">")[0].strip()
-        if dist in BUILD_ONLY:
-            continue
-        assert dist in DISTRIBUTIONS, f"install_requires has {dist!r}: map it to its import name here"
-        assert ROSDEP_KEYS[DISTRIBUTIONS[dist]] in keys, f"package.xml lacks the rosdep key for {dist}"
+
+
+def test_package_xml_lists_nothing_the_code_does_not_import(package):
+    used = {_key(m) for m in runtime_imports()}
+    unused = _exec_keys(package) - used
+    assert not unused, f"package.xml exec_depends nothing in dynnet_ros/ or launch/ imports: {sorted(unused)}"
+
+
+def test_test_depends_are_what_the_tests_import(package):
+    local = frozenset(p.stem for p in (ROOT / "test").glob("*.py"))
+    imports = third_party_imports(sorted((ROOT / "test").glob("*.py")), local)
+    exec_keys = _exec_keys(package)
+    test_only = {m: f for m, f in imports.items() if _key(m) not in exec_keys and m not in OPTIONAL_IMPORTS}
+    unmapped = {m: sorted(f) for m, f in test_only.items() if m not in TEST_KEYS}
+    assert not unmapped, f"test imports with no rosdep key (map them in TEST_KEYS): {unmapped}"
+    assert {d.name for d in package.test_depends} == {TEST_KEYS[m] for m in test_only}
+
+
+def test_setup_py_install_requires_matches_package_xml(package):
+    keys = _exec_keys(package)
+    listed = {d.distribution for d in PYTHON_DEPENDENCIES.values() if d.key in keys}
+    requires = setup_install_requires() - BUILD_ONLY
+    assert requires == listed, f"install_requires only: {sorted(requires - listed)}, package.xml only: " \
+                               f"{sorted(listed - requires)}"
+
+
+def test_requirements_txt_pins_what_package_xml_lists(package):
+    keys = _exec_keys(package)
+    pins = requirement_pins()
+    python = {_normalise(d.distribution) for d in PYTHON_DEPENDENCIES.values() if d.key in keys}
+    assert python <= set(pins), f"requirements.txt does not pin {sorted(python - set(pins))}"
+    ros_wheels = {name for name in pins if name.startswith("ros-")}
+    wanted = {_normalise(f"ros-{k}") for k in keys & ROS_PACKAGES - NO_WHEEL}
+    assert wanted <= ros_wheels, f"requirements.txt does not pin {sorted(wanted - ros_wheels)}"
+    stray = set(pins) - python - {_normalise(f"ros-{k}") for k in keys & ROS_PACKAGES} - VENV_ONLY_PINS
+    assert not stray, f"requirements.txt pins what package.xml does not list: {sorted(stray)}"
 
 
 def test_setup_cfg_puts_scripts_under_lib_package():

@@ -73,7 +73,7 @@ def test_exact_with_several_shape_bindings_minimises_the_worst_peak():
     for _ in range(15):
         nodes, sizes, outputs = random_dag(rng, rng.randint(3, 6), sources=2)
         scale = {t: rng.choice([1, 4]) for t in sizes}
-        fns = [sizes.__getitem__, lambda t, s=scale: sizes[t] * s[t]]
+        fns = [sizes.__getitem__, lambda t, s=scale, sz=sizes: sz[t] * s[t]]
         res = exact_order(nodes, fns, outputs, objective="max")
         assert res.peak == brute_force_peak(nodes, fns, outputs, "max")
         res_mean = exact_order(nodes, fns, outputs, objective="mean")

@@ -304,7 +304,8 @@ def shape_programs(draw):
         v, n = node("Slice", [v, const([0]), const([3])]), 3
     bounded = node("Min", [node("Abs", [v]), const(6)])
     out = node("ConstantOfShape", [bounded])
-    g = helper.make_graph(nodes, "shape_prog", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["A", "B", "C", "D"])],
+    g = helper.make_graph(nodes, "shape_prog",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["A", "B", "C", "D"])],
                           [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)], inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
     m.ir_version = 9

@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 import yaml
 
+from dynnet_ros.budget.cgroup import CgroupPaths
 from dynnet_ros.budget.monitors import MemorySnapshot, read_cgroup_memory, snapshot
 from dynnet_ros.cli import main as cli_main
-from dynnet_ros.graph_config import EXECUTABLES, default_config_path, load_graph, node_command, parse_graph
+from dynnet_ros.graph_config import (EXECUTABLES, default_config_path, graph_processes, load_graph, node_command,
+                                    parse_graph)
+from dynnet_ros.units import MB
 
 
 def test_vehicle_yaml_is_valid_and_complete():
@@ -31,20 +33,30 @@ def test_namespaces():
         with pytest.raises(ValueError, match="bad ROS namespace"):
             validate_namespace(bad)
     graph = parse_graph({"nodes": [{"name": "lane_node", "executable": "lane_node"}]})
-    cmd = node_command(graph.nodes[0], "p.yaml", python="py", namespace="robot1")
+    [process] = graph_processes(graph, namespace="robot1")
+    assert process.namespace == "/robot1"
+    cmd = node_command(process, "p.yaml", python="py")
     assert "__ns:=/robot1" in cmd and "--params-file" not in cmd  # no parameters: no params file
+
+
+def test_graph_processes_select_sim_nodes_in_config_order():
+    graph = load_graph(default_config_path())
+    assert [p.name for p in graph_processes(graph, use_sim=True)] == [n.name for n in graph.nodes]
+    assert [p.name for p in graph_processes(graph, use_sim=False)] == [n.name for n in graph.nodes if not n.sim]
+    with pytest.raises(ValueError, match="bad ROS namespace"):
+        graph_processes(graph, namespace="/a b")
 
 
 def test_node_command_uses_params_file_and_remappings(tmp_path):
     graph = parse_graph({"nodes": [{"name": "front_lane", "executable": "lane_node",
                                     "parameters": {"lane_threshold": 0.7},
                                     "remappings": {"/camera/image_raw": "/front/image"}}]})
-    node = graph.nodes[0]
-    cmd = node_command(node, tmp_path / "p.yaml", python="python3")
+    [process] = graph_processes(graph)
+    cmd = node_command(process, tmp_path / "p.yaml", python="python3")
     assert cmd[:3] == ["python3", "-m", "dynnet_ros.nodes.lane_node"]
     assert "__node:=front_lane" in cmd and "/camera/image_raw:=/front/image" in cmd
     assert cmd[cmd.index("--params-file") + 1] == str(tmp_path / "p.yaml")
-    assert node.params_file_data() == {"/**": {"ros__parameters": {"lane_threshold": 0.7}}}
+    assert process.params_file_data() == {"/**": {"ros__parameters": {"lane_threshold": 0.7}}}
 
 
 @pytest.mark.parametrize("data,reason", [
@@ -87,21 +99,20 @@ def test_memory_snapshot_reads_this_process():
     assert isinstance(snap, MemorySnapshot)
     assert 0 < snap.available_bytes <= snap.total_bytes
     assert snap.used_bytes == snap.total_bytes - snap.available_bytes
-    assert list(snap.rss_bytes) == [os.getpid()] and snap.rss_bytes[os.getpid()] > 10 * 2**20
+    assert list(snap.rss_bytes) == [os.getpid()] and snap.rss_bytes[os.getpid()] > 10 * MB
     assert snap.effective_available_bytes <= snap.available_bytes
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="cgroup v2 files exist on Linux only")
 def test_cgroup_v2_reader_on_a_fake_hierarchy(tmp_path):
-    with open("/proc/self/cgroup") as f:
-        unified = [line.strip()[3:] for line in f if line.startswith("0::")]
-    group = tmp_path / unified[0].lstrip("/") if unified else tmp_path
-    group.mkdir(parents=True, exist_ok=True)
-    (group / "memory.current").write_text("123456\n")
-    (group / "memory.max").write_text("1048576000\n")
-    assert read_cgroup_memory(tmp_path) == (1048576000, 123456)
-    (group / "memory.max").write_text("max\n")
-    assert read_cgroup_memory(tmp_path) == (None, 123456)
+    group = CgroupPaths(2, tmp_path)
+    (tmp_path / "memory.current").write_text("123456\n")
+    (tmp_path / "memory.max").write_text("1048576000\n")
+    assert read_cgroup_memory(group) == (1048576000, 123456)
+    (tmp_path / "memory.max").write_text("max\n")
+    assert read_cgroup_memory(group) == (None, 123456)
+    assert snapshot(cgroup=group).cgroup_limit_bytes is None
+    (tmp_path / "memory.current").unlink()
+    assert read_cgroup_memory(group) == (None, None) and read_cgroup_memory(None) == (None, None)
     snap = MemorySnapshot(0.0, 100, 80, 20, cgroup_limit_bytes=50, cgroup_current_bytes=45)
     assert snap.effective_available_bytes == 5
 

@@ -9,10 +9,17 @@ from sensor_msgs.msg import Image, PointCloud2, PointField
 
 from dynnet_ros.graph_config import default_config_path, load_graph
 from dynnet_ros.nodes import scene
-from dynnet_ros.nodes.convert import (array_to_image, cloud_to_xyzi, image_to_array, image_to_rgb_float,
-                                      xyzi_to_cloud)
-from dynnet_ros.nodes.geometry import (extrinsic_matrix, matrix_to_rpy, plan_letterbox, project_depth,
-                                       resize_bilinear, rpy_to_matrix, transform_points, validate_intrinsics)
+from dynnet_ros.nodes.convert import array_to_image, cloud_to_xyzi, image_to_array, image_to_rgb_float, xyzi_to_cloud
+from dynnet_ros.nodes.geometry import (
+    extrinsic_matrix,
+    matrix_to_rpy,
+    plan_letterbox,
+    project_depth,
+    resize_bilinear,
+    rpy_to_matrix,
+    transform_points,
+    validate_intrinsics,
+)
 
 RNG = np.random.default_rng(7)
 

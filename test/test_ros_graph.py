@@ -28,10 +28,10 @@ from visualization_msgs.msg import MarkerArray
 
 from dynnet_ros.graph_config import default_config_path
 from dynnet_ros.nodes import scene
+from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.nodes.convert import array_to_image, image_to_array, xyzi_to_cloud
 from dynnet_ros.nodes.diagnostics import status_values
 from dynnet_ros.nodes.pedestrian_node import BOX_NS
-from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.zoo import ensure_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -359,7 +359,7 @@ def test_bad_frames_give_error_diagnostics_and_the_next_good_frame_is_processed(
             t0 = time.monotonic()
             obs.image_pub.publish(bad)
 
-            def errored(node):
+            def errored(node, reason=reason, t0=t0):
                 return any(s.level == b"\x02" and reason in s.message for s in obs.statuses(node, t0))
 
             wait_for(lambda: all(errored(n) for n in MODEL_NODES), 60, f"ERROR diagnostics for '{reason}'")
@@ -369,7 +369,7 @@ def test_bad_frames_give_error_diagnostics_and_the_next_good_frame_is_processed(
             t1 = time.monotonic()
             obs.image_pub.publish(good)
 
-            def recovered(topic):
+            def recovered(topic, t1=t1, good=good):
                 headers = [m.markers[0].header if isinstance(m, MarkerArray) else m.header
                            for m in obs.since(topic, t1)]
                 return any(stamp_key(h) == stamp_key(good.header) for h in headers)
@@ -377,7 +377,7 @@ def test_bad_frames_give_error_diagnostics_and_the_next_good_frame_is_processed(
             wait_for(lambda: recovered("/lane/mask") and recovered("/depth/image")
                      and recovered("/pedestrian/markers"), 60, "outputs for the good frame after a bad one")
             assert (obs.since("/lane/mask", t1)[-1].width, obs.since("/lane/mask", t1)[-1].height) == (160, 96)
-            wait_for(lambda: all(any(s.level == b"\x00" for s in obs.statuses(n, t1)) for n in MODEL_NODES), 30,
+            wait_for(lambda t1=t1: all(any(s.level == b"\x00" for s in obs.statuses(n, t1)) for n in MODEL_NODES), 30,
                      "diagnostics back to OK")
         # a malformed LiDAR cloud: the depth node reports it and keeps its last good cloud
         cloud = xyzi_to_cloud(np.ones((10, 4), np.float32))

@@ -1,32 +1,28 @@
-"""`dynnet swap prepare|profile|bench` end to end on a small model."""
+"""`dynnet swap prepare|bench` end to end on a small model."""
 from __future__ import annotations
 
 import json
 
 import pytest
-
 from _swap_models import conv_chain
+
 from dynnet_ros.cli import main
-from dynnet_ros.swap.delay_model import DelayModel
 
 
 @pytest.fixture()
 def model(tmp_path, monkeypatch):
     monkeypatch.setenv("DYNNET_SWAP_DIR", str(tmp_path / "stores"))
-    monkeypatch.setenv("DYNNET_SWAP_PROFILE", str(tmp_path / "no-profile.yaml"))
     return conv_chain(tmp_path / "chain.onnx")
 
 
-def test_prepare_writes_store_and_block_table(model, tmp_path):
-    out = tmp_path / "store"
-    assert main(["swap", "prepare", model, "--out", str(out), "--max-atoms", "3", "--json", str(tmp_path / "t.json")]) == 0
-    table = json.loads((tmp_path / "t.json").read_text())
-    assert table["store"] == str(out) and len(table["atoms"]) >= 2
-    assert all(row["flops"] > 0 for row in table["atoms"])
-    assert (out / "index.json").is_file() and (out / "weights.bin").is_file()
-    # Corrupt it: the next prepare reports the reason and rebuilds.
-    (out / "weights.bin").write_bytes(b"\0" * 10)
-    assert main(["swap", "prepare", model, "--out", str(out), "--json", str(tmp_path / "t2.json")]) == 0
+def test_prepare_writes_the_weight_file_and_rebuilds_a_damaged_one(model, tmp_path):
+    assert main(["swap", "prepare", model, "--layout", "as-given", "--json", str(tmp_path / "t.json")]) == 0
+    summary = json.loads((tmp_path / "t.json").read_text())
+    assert summary["layout"] == "as-given" and summary["tensors"] >= 4 and summary["rebuilt"] is None
+    weights = tmp_path / "stores" / "stream"
+    (bin_path,) = weights.glob("*/weights.bin")
+    bin_path.write_bytes(b"\0" * 10)  # damaged: the next prepare reports the reason and rebuilds
+    assert main(["swap", "prepare", model, "--layout", "as-given", "--json", str(tmp_path / "t2.json")]) == 0
     assert "truncated" in json.loads((tmp_path / "t2.json").read_text())["rebuilt"]
 
 
@@ -34,15 +30,6 @@ def test_bad_input_is_a_one_line_error(tmp_path, capsys):
     assert main(["swap", "prepare", str(tmp_path / "missing.onnx")]) == 2
     assert "not found" in capsys.readouterr().err
     assert main(["swap", "bench", str(tmp_path / "missing.onnx")]) == 2
-
-
-def test_profile_fits_and_writes_yaml(model, tmp_path):
-    out = tmp_path / "profile.yaml"
-    assert main(["swap", "profile", model, "--sizes", "32x32,64x64", "--repeats", "1", "--out", str(out),
-                 "--json", str(tmp_path / "p.json")]) == 0
-    profile = DelayModel.load(out)
-    assert set(profile.r2) == {"t_in", "t_ex", "t_out"} and profile.samples >= 3
-    assert json.loads((tmp_path / "p.json").read_text())["samples"]
 
 
 def test_bench_reports_all_configurations(model, tmp_path):

@@ -3,7 +3,6 @@ the allowance, and the stream never stalls for good, whatever the read timing.""
 from __future__ import annotations
 
 import contextlib
-
 import random
 import threading
 import time

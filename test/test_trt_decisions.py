@@ -8,6 +8,7 @@ import random
 import re
 import subprocess
 import sys
+import threading
 import types
 from pathlib import Path
 
@@ -20,21 +21,44 @@ from dynnet_ros.engine import Engine
 from dynnet_ros.engine.backends import available_backends, create_executor
 from dynnet_ros.engine.backends.cpu import OrtExecutor
 from dynnet_ros.engine.backends.trt_cache import EngineCache, EngineKey, model_sha256
-from dynnet_ros.engine.backends.trt_config import (MIN_WORKSPACE, MiB, TrtOptions, activation_bytes,
-                                                   choose_precision, choose_workspace)
-from dynnet_ros.engine.backends.trt_dla import MAX_LOADABLES_PER_CORE, decide_placement, op_verdicts
+from dynnet_ros.engine.backends.trt_config import (
+    MIN_WORKSPACE,
+    MiB,
+    TrtOptions,
+    activation_bytes,
+    choose_precision,
+    choose_workspace,
+    fast_precisions,
+    quantise_workspace,
+)
+from dynnet_ros.engine.backends.trt_dla import (
+    MAX_LOADABLES_PER_CORE,
+    decide_placement,
+    engine_layer_placement,
+    op_verdicts,
+)
 from dynnet_ros.engine.backends.trt_env import probe
 from dynnet_ros.engine.backends.trt_plan import DeviceInfo, initial_samples, plan_engine
-from dynnet_ros.engine.backends.trt_profiles import (InputRange, Profile, ProfileSet, as_signature,
-                                                     default_symbol_values, grid_samples, parse_shape_spec,
-                                                     plan_profiles, plan_static_profiles, waste_of, work)
+from dynnet_ros.engine.backends.trt_profiles import (
+    InputRange,
+    Profile,
+    ProfileSet,
+    as_signature,
+    default_symbol_values,
+    grid_samples,
+    parse_shape_spec,
+    plan_profiles,
+    plan_static_profiles,
+    waste_of,
+    work,
+)
 from dynnet_ros.engine.backends.trt_switch import EngineSwitch, NotServable
 from dynnet_ros.engine.model_io import InputSpec
 
 F32 = np.dtype("float32")
 IMAGE = [InputSpec("image", F32, (1, 3, "H", "W"))]
-ORIN = DeviceInfo("Orin", (8, 7), "10.3.0", dla_cores=2, fast_fp16=True, fast_int8=True, free_bytes=16 << 30)
-RTX = DeviceInfo("NVIDIA GeForce RTX 3060", (8, 6), "10.3.0", dla_cores=0, free_bytes=8 << 30)
+ORIN = DeviceInfo("Orin", (8, 7), "10.3.0", dla_cores=2, sm_count=16, free_bytes=16 << 30)
+RTX = DeviceInfo("NVIDIA GeForce RTX 3060", (8, 6), "10.3.0", dla_cores=0, sm_count=28, free_bytes=8 << 30)
 
 
 def image_sig(h: int, w: int):
@@ -83,7 +107,7 @@ def static_profiles(*shapes) -> ProfileSet:
 # ============================================================================ profiles
 @pytest.fixture(scope="module")
 def paper_grid():
-    """The issue's distribution: image sides 224..1280 in steps of 32 (34 x 34 = 1156 shapes)."""
+    """The paper's distribution: image sides 224..1280 in steps of 32 (34 x 34 = 1156 shapes)."""
     return grid_samples(IMAGE, default_symbol_values(IMAGE))
 
 
@@ -202,8 +226,8 @@ def test_profile_validation_errors():
 # ============================================================================ cache keys
 def _key(**change) -> EngineKey:
     fields = dict(model_sha256="a" * 64, tensorrt_version="10.3.0", device_name="Orin", compute_capability=(8, 7),
-                  precision="fp16", flags=("FP16",), profiles=static_profiles((480, 640)).to_json(), dla_core=None,
-                  gpu_fallback=False, workspace_bytes=256 * MiB)
+                  sm_count=16, precision="fp16", flags=("FP16",), profiles=static_profiles((480, 640)).to_json(),
+                  dla_core=None, gpu_fallback=False, workspace_bytes=256 * MiB)
     fields.update(change)
     return EngineKey(**fields)
 
@@ -212,7 +236,7 @@ def test_cache_key_is_stable_and_every_field_invalidates():
     assert _key().filename() == _key().filename()
     assert _key(flags=("FP16",)).digest() == _key(flags=("FP16",)).digest()
     changes = dict(model_sha256="b" * 64, tensorrt_version="10.4.0", device_name="NVIDIA A100",
-                   compute_capability=(8, 0), precision="fp32", flags=(), dla_core=1, gpu_fallback=True,
+                   compute_capability=(8, 0), sm_count=8, precision="fp32", flags=(), dla_core=1, gpu_fallback=True,
                    profiles=static_profiles((480, 640), (736, 1280)).to_json(), workspace_bytes=512 * MiB,
                    build_logic=99)
     names = {_key().filename()}
@@ -222,6 +246,9 @@ def test_cache_key_is_stable_and_every_field_invalidates():
         assert changed.differences(_key()) == [field]
     assert len(names) == len(changes) + 1
     assert _key().filename().startswith("a" * 16 + "-") and _key().filename().endswith(".engine")
+    assert EngineKey.from_json(_key().to_json()) == _key()
+    assert _key().timing_cache_name() == _key(model_sha256="b" * 64, profiles="[]").timing_cache_name()
+    assert _key().timing_cache_name() != _key(sm_count=8).timing_cache_name()
 
 
 def test_cache_key_is_stable_across_processes():
@@ -257,6 +284,36 @@ def test_engine_cache_round_trip_staleness_and_eviction(tmp_path):
     for version in ("10.5", "10.6", "10.7"):
         cache.store(_key(tensorrt_version=version), b"x")
     assert len(list(tmp_path.glob("*.engine"))) == 2 and not list(tmp_path.glob(".tmp-*"))
+    assert cache.load_timing_cache(key) == b""
+    cache.store_timing_cache(key, b"timings")
+    assert cache.load_timing_cache(_key(model_sha256="c" * 64)) == b"timings"  # per TensorRT + GPU, any model
+
+
+def test_engine_cache_lock_excludes_other_processes(tmp_path):
+    """The lock is an flock held by another process: a non-blocking attempt here must fail while it
+    holds it and succeed once it has released it."""
+    import fcntl
+
+    cache, key = EngineCache(tmp_path), _key()
+    here = Path(__file__).resolve().parent
+    code = ("import sys\nfrom test_trt_decisions import _key\nfrom dynnet_ros.engine.backends.trt_cache import "
+            "EngineCache\nwith EngineCache(sys.argv[1]).lock(_key()):\n    print('locked', flush=True)\n"
+            "    sys.stdin.readline()\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(here.parent), str(here)]))
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, cwd=here, env=env)
+    assert holder.stdout.readline().strip() == "locked"
+    lock_path = cache.path(key).with_suffix(".lock")
+    fd = os.open(lock_path, os.O_RDWR)
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        holder.communicate("done\n", timeout=60)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+    with cache.lock(key):  # and this process's own lock is reentrant per call, released on exit
+        pass
 
 
 # ============================================================================ DLA placement
@@ -313,6 +370,15 @@ def test_too_many_dla_loadables_stay_on_the_gpu():
     assert placement.device == "GPU" and "17 DLA loadables" in placement.reason
 
 
+def test_engine_layer_placement_reads_the_inspector():
+    infos = ['"{ForeignNode[conv...relu]}"', '{"Name": "softmax", "LayerType": "SoftMax"}',
+             '{"Name": "blob", "LayerType": "DLA"}', "pool_on_gpu"]
+    placement = engine_layer_placement(infos)
+    assert placement.layers == 4 and placement.on_dla == ("{ForeignNode[conv...relu]}", "blob")
+    assert placement.describe().startswith("2 of 4 engine layers on the DLA")
+    assert engine_layer_placement([]).describe() == "0 of 0 engine layers on the DLA"
+
+
 def test_layer_limits_are_checked_per_attribute():
     big_kernel = conv_model(kernel=33)
     verdict = op_verdicts(big_kernel, {"image": (1, 3, 64, 64)})[0]
@@ -327,6 +393,24 @@ def test_layer_limits_are_checked_per_attribute():
 
 
 # ============================================================================ precision, workspace, memory
+def test_fast_precisions_follow_the_compute_capability():
+    assert fast_precisions((6, 1)) == (False, True)   # Pascal P4: INT8 (dp4a), no fast FP16
+    assert fast_precisions((6, 2)) == (True, False)   # Jetson TX2
+    assert fast_precisions((5, 3)) == (True, False)   # Jetson Nano
+    assert fast_precisions((7, 2)) == (True, True) and fast_precisions((8, 7)) == (True, True)
+    assert ORIN.fast_fp16 and not DeviceInfo("P4", (6, 1), "10.3.0").fast_fp16
+
+
+def test_strongly_typed_tensorrt_keeps_tf32_and_maps_auto_to_fp32():
+    assert choose_precision("tf32", fast_fp16=True, fast_int8=True, quantized=False,
+                            strongly_typed=True).flags == ("TF32",)
+    auto = choose_precision("auto", fast_fp16=True, fast_int8=True, quantized=False, strongly_typed=True)
+    assert auto.precision == "fp32" and auto.flags == () and "strongly typed" in auto.reason
+    for requested in ("fp16", "int8"):
+        with pytest.raises(ValueError, match="strongly typed"):
+            choose_precision(requested, fast_fp16=True, fast_int8=True, quantized=True, strongly_typed=True)
+
+
 def test_precision_choices():
     assert choose_precision("fp32", fast_fp16=True, fast_int8=True, quantized=False).flags == ()
     assert choose_precision("auto", fast_fp16=True, fast_int8=False, quantized=False).precision == "fp16"
@@ -341,14 +425,18 @@ def test_precision_choices():
 
 def test_workspace_from_budget():
     decision = choose_workspace(200, weight_bytes=100 * MiB, activation_bytes=40 * MiB, precision="fp16")
-    assert decision.bytes == 200 * MiB - 60 * MiB - 20 * MiB and "budget 200 MB" in decision.reason
-    fp32 = choose_workspace(200, weight_bytes=100 * MiB, activation_bytes=40 * MiB, precision="fp32")
-    assert fp32.bytes == 60 * MiB < decision.bytes
+    assert decision.bytes == 64 * MiB and "budget 200 MB" in decision.reason  # 120 MB left, power of two
+    fp32 = choose_workspace(300, weight_bytes=100 * MiB, activation_bytes=40 * MiB, precision="fp32")
+    assert fp32.bytes == 128 * MiB  # 160 MB left
     with pytest.raises(ValueError, match=r"below the 156\.0 MB"):
         choose_workspace(150, weight_bytes=100 * MiB, activation_bytes=40 * MiB, precision="fp32")
     assert choose_workspace(None, weight_bytes=0, activation_bytes=0, precision="fp32").bytes == 1 << 30
     assert choose_workspace(None, weight_bytes=0, activation_bytes=0, precision="fp32",
-                            free_device_bytes=400 * MiB).bytes == 100 * MiB
+                            free_device_bytes=400 * MiB).bytes == 64 * MiB
+    jitter = {choose_workspace(None, weight_bytes=0, activation_bytes=0, precision="fp32",
+                               free_device_bytes=free).bytes for free in range(3000 * MiB, 3001 * MiB, 4096)}
+    assert jitter == {512 * MiB}  # free memory a few KiB apart: one workspace, one cache key
+    assert quantise_workspace(1) == MIN_WORKSPACE and quantise_workspace(3 << 30) == 2 << 30
     assert choose_workspace(10_000, weight_bytes=0, activation_bytes=0, precision="fp32").bytes == 4 << 30
     assert choose_workspace(None, weight_bytes=0, activation_bytes=0, precision="fp32",
                             explicit_mb=64).bytes == 64 * MiB
@@ -384,18 +472,26 @@ def test_engine_plan_for_a_jetson_dla_and_a_desktop_gpu():
     pinned = TrtOptions(precision="fp16", dla_core=0, shapes="H=480|736,W=640")
     plan = plan_engine(model, initial_samples(model, pinned), pinned, ORIN)
     assert plan.placement.device == "DLA" and plan.profiles.static and len(plan.profiles) == 2
-    assert plan.key.dla_core == 0 and "FP16" in plan.key.flags and plan.profile_plan.waste == 0
+    assert plan.profile_plan.waste == 0 and len(plan.parts) == 2  # one DLA engine per static shape
+    assert all(p.key.dla_core == 0 and "FP16" in p.key.flags and len(p.profiles) == 1 for p in plan.parts)
+    assert plan.parts[0].key.filename() != plan.parts[1].key.filename()
     desktop = plan_engine(model, initial_samples(model, pinned), pinned, RTX)
     assert desktop.placement.device == "GPU" and "no DLA cores" in desktop.placement.reason
-    assert desktop.key.filename() != plan.key.filename()
+    assert len(desktop.parts) == 1 and len(desktop.parts[0].profiles) == 2
+    assert desktop.parts[0].key.filename() not in {p.key.filename() for p in plan.parts}
+    nx = plan_engine(model, initial_samples(model, pinned), pinned,
+                     DeviceInfo("Orin", (8, 7), "10.3.0", dla_cores=2, sm_count=8, free_bytes=16 << 30))
+    assert nx.parts[0].key.differences(plan.parts[0].key) == ["sm_count"]
     unpinned = TrtOptions(precision="fp16", dla_core=0, max_profiles=3)
     dyn = plan_engine(model, initial_samples(model, unpinned), unpinned, ORIN)
     assert dyn.placement.device == "GPU" and "DYNNET_TRT_SHAPES" in dyn.placement.reason
     assert len(dyn.profiles) <= 3 and not dyn.profiles.static
     assert "waste" in dyn.explain() and "placement: GPU" in dyn.explain()
+    thor = DeviceInfo("Thor", (11, 0), "11.4.0", dla_cores=0)
     with pytest.raises(ValueError, match="strongly typed"):
-        plan_engine(model, initial_samples(model, pinned), pinned,
-                    DeviceInfo("Thor", (11, 0), "11.4.0", dla_cores=0))
+        plan_engine(model, initial_samples(model, pinned), pinned, thor)
+    tf32 = TrtOptions(precision="tf32", shapes="H=480,W=640")
+    assert plan_engine(model, initial_samples(model, tf32), tf32, thor).parts[0].key.flags == ("TF32",)
     with pytest.raises(ValueError, match="memory budget 1 MB"):
         plan_engine(model, initial_samples(model, pinned), TrtOptions(memory_budget_mb=1, shapes="H=480,W=640"), RTX)
 
@@ -482,6 +578,34 @@ def test_switch_uses_the_fallback_when_the_engine_cannot_serve():
     built[0].run = refuse
     out = switch.run({"image": np.ones((1, 3, 64, 64), np.float32)})
     assert out["out"].shape == (1, 8, 32, 32) and switch.fallback_runs == 1 and not switch.building
+
+
+def test_switch_close_waits_for_the_running_build():
+    """A build holds the CUDA context; close() must not return (and let the caller release the
+    context) before it ends. The build's engine is released, not installed."""
+    model = conv_model()
+    gate, started, close_returned = threading.Event(), threading.Event(), threading.Event()
+    built, seen = [], []
+
+    def build(profiles):
+        if built:  # the background rebuild
+            started.set()
+            gate.wait()
+            seen.append(close_returned.is_set())
+        built.append(_Runner(model, profiles))
+        return built[-1]
+
+    switch = EngineSwitch({image_sig(64, 64): 1.0}, plan=lambda weights: plan_profiles(weights, 2).profiles,
+                          build=build, fallback=lambda: OrtExecutor(model, threads=1))
+    switch.run({"image": np.ones((1, 3, 128, 64), np.float32)})
+    assert started.wait(60)
+    closer = threading.Thread(target=lambda: (switch.close(), close_returned.set()))
+    closer.start()
+    closer.join(timeout=2)  # without waiting, close() returns well within this
+    gate.set()
+    closer.join(60)
+    assert seen == [False] and close_returned.is_set()
+    assert built[0].closed and built[1].closed and switch.profiles is None and not switch.building
 
 
 # ============================================================================ registry / availability

@@ -1,289 +1,38 @@
 """The TensorRT executor's glue, run against a stand-in for ``tensorrt`` and ``pycuda.driver``.
 
 This is NOT a TensorRT test (test_trt_gpu.py is, and it is skipped without a GPU). The stand-in
-implements exactly the calls tensorrt.py makes, with TensorRT's rules where they matter to the
-glue (an enqueue fails unless every input shape lies in the *active* profile and every input has
-an address; outputs go through the IOutputAllocator; device memory is separate from host memory),
+(test/_trt_standin.py) implements exactly the calls tensorrt.py makes, enforces the binding rules
+the glue depends on (each documented there with its source in the TensorRT and pycuda bindings),
 and computes with onnxruntime. It checks what never ran on real hardware here: call order, byte
 copies, dtype conversions, data-dependent output shapes, profile switching, the on-disk cache and
-the background rebuild.
+its lock, the background rebuild, and the CUDA context rules of pycuda.
 """
 from __future__ import annotations
 
-import ctypes
-import itertools
+import fcntl
 import json
+import os
+import subprocess
 import sys
-import types
+import threading
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
+from _trt_standin import fake_modules
 from onnx import TensorProto, helper, numpy_helper
 
 from dynnet_ros.engine.backends.cpu import OrtExecutor
 from dynnet_ros.engine.backends.trt_config import TrtOptions
 from dynnet_ros.zoo import ensure_model, example_inputs
 
-_ADDRESSES = itertools.count(1 << 40)  # fake device addresses, far from any host pointer
-
-
-def fake_modules(dla_cores: int = 0):
-    """(tensorrt, pycuda, pycuda.driver, record) stand-ins; ``record`` counts builds etc."""
-    record = {"builds": 0, "configs": [], "profile_switches": 0}
-    memory: dict[int, bytearray] = {}
-
-    # ------------------------------------------------------------------ pycuda.driver
-    class DeviceAllocation:
-        def __init__(self, size):
-            self.address = next(_ADDRESSES)
-            memory[self.address] = bytearray(size)
-
-        def __int__(self):
-            return self.address
-
-        def free(self):
-            memory.pop(self.address, None)
-
-    def read(address, nbytes):
-        if address in memory:
-            return bytes(memory[address][:nbytes])
-        return ctypes.string_at(address, nbytes)  # a host pointer (shape-tensor inputs)
-
-    class Context:
-        depth = 0
-
-        def push(self):
-            Context.depth += 1
-
-        @staticmethod
-        def pop():
-            assert Context.depth > 0, "pop without push"
-            Context.depth -= 1
-
-        def detach(self):
-            record["detached"] = True
-
-    class Device:
-        def __init__(self, index):
-            self.index = index
-
-        @staticmethod
-        def count():
-            return 1
-
-        def name(self):
-            return "FakeGPU"
-
-        def compute_capability(self):
-            return (8, 7)
-
-        def retain_primary_context(self):
-            return Context()
-
-    def need_context():
-        assert Context.depth > 0, "CUDA call without a current context"
-
-    def memcpy_htod(dest, src):
-        need_context()
-        memory[int(dest)][:src.nbytes] = src.tobytes()
-
-    def memcpy_dtoh(dest, src):
-        need_context()
-        dest[...] = np.frombuffer(read(int(src), dest.nbytes), dtype=dest.dtype).reshape(dest.shape)
-
-    class Stream:
-        handle = 7
-
-        def synchronize(self):
-            pass
-
-    driver = types.SimpleNamespace(init=lambda: None, Device=Device, Context=Context, Stream=Stream,
-                                   mem_alloc=lambda n: (need_context(), DeviceAllocation(n))[1],
-                                   mem_get_info=lambda: (8 << 30, 16 << 30), memcpy_htod=memcpy_htod,
-                                   memcpy_dtoh=memcpy_dtoh)
-    pycuda = types.ModuleType("pycuda")
-    pycuda.driver = driver
-
-    # ------------------------------------------------------------------ tensorrt
-    trt = types.ModuleType("tensorrt")
-    trt.__version__ = "10.3.0"
-    trt.Logger = type("Logger", (), {"WARNING": 2, "__init__": lambda self, level=2: None})
-    trt.TensorIOMode = types.SimpleNamespace(INPUT="INPUT", OUTPUT="OUTPUT")
-    trt.MemoryPoolType = types.SimpleNamespace(WORKSPACE="WORKSPACE")
-    trt.BuilderFlag = types.SimpleNamespace(**{f: f for f in ("FP16", "INT8", "TF32", "GPU_FALLBACK")})
-    trt.DeviceType = types.SimpleNamespace(GPU="GPU", DLA="DLA")
-    trt.ExecutionContextAllocationStrategy = types.SimpleNamespace(STATIC=0, ON_PROFILE_CHANGE=1)
-    trt.nptype = lambda dtype: np.dtype(dtype)  # data types are numpy dtype names here
-
-    class IOutputAllocator:
-        def __init__(self):
-            pass
-
-    trt.IOutputAllocator = IOutputAllocator
-
-    class Network:
-        def __init__(self):
-            self.model = None
-
-        @property
-        def num_inputs(self):
-            return len(self.model.graph.input)
-
-        def get_input(self, i):
-            return types.SimpleNamespace(name=self.model.graph.input[i].name, is_shape_tensor=False)
-
-        num_layers = 0
-
-    class OnnxParser:
-        def __init__(self, network, logger):
-            self.network = network
-            self.num_errors = 0
-
-        def parse(self, data):
-            self.network.model = onnx.load_from_string(data)
-            return True
-
-    class Profile:
-        def __init__(self):
-            self.shapes = {}
-
-        def set_shape(self, name, low, opt, high):
-            assert all(a <= b <= c for a, b, c in zip(low, opt, high))
-            self.shapes[name] = (list(low), list(high))
-
-    class Config:
-        def __init__(self):
-            self.flags, self.profiles, self.pool = {"TF32"}, [], {}
-            self.default_device_type, self.DLA_core = "GPU", -1
-
-        def set_memory_pool_limit(self, pool, size):
-            self.pool[pool] = size
-
-        def set_flag(self, flag):
-            self.flags.add(flag)
-
-        def clear_flag(self, flag):
-            self.flags.discard(flag)
-
-        def add_optimization_profile(self, profile):
-            self.profiles.append(profile)
-
-        def can_run_on_DLA(self, layer):
-            return True
-
-    class Builder:
-        def __init__(self, logger):
-            self.num_DLA_cores, self.platform_has_fast_fp16, self.platform_has_fast_int8 = dla_cores, True, True
-
-        def create_network(self, flags):
-            assert flags == 0
-            return Network()
-
-        def create_builder_config(self):
-            return Config()
-
-        def create_optimization_profile(self):
-            return Profile()
-
-        def build_serialized_network(self, network, config):
-            need_context()
-            record["builds"] += 1
-            record["configs"].append(config)
-            header = json.dumps([p.shapes for p in config.profiles]).encode()
-            return len(header).to_bytes(8, "little") + header + network.model.SerializeToString()
-
-    trt.Builder, trt.OnnxParser = Builder, OnnxParser
-
-    class ExecutionContext:
-        def __init__(self, engine):
-            self.engine, self.profile, self.shapes, self.addresses, self.allocators = engine, 0, {}, {}, {}
-
-        def set_optimization_profile_async(self, index, stream):
-            record["profile_switches"] += 1
-            self.profile = index
-            return 0 <= index < len(self.engine.profiles)
-
-        def set_input_shape(self, name, shape):
-            low, high = self.engine.profiles[self.profile][name]
-            self.shapes[name] = tuple(shape)
-            return all(a <= d <= b for a, d, b in zip(low, shape, high))
-
-        def set_tensor_address(self, name, address):
-            self.addresses[name] = int(address)
-
-        def set_output_allocator(self, name, allocator):
-            self.allocators[name] = allocator
-            return True
-
-        def get_tensor_shape(self, name):
-            return self.shapes.get(name, ())
-
-        def execute_async_v3(self, stream):
-            need_context()
-            feeds = {}
-            for name in self.engine.inputs:
-                low, high = self.engine.profiles[self.profile][name]
-                shape = self.shapes[name]
-                if not all(a <= d <= b for a, d, b in zip(low, shape, high)):
-                    return False
-                dtype = self.engine.dtypes[name]
-                nbytes = int(np.prod(shape)) * dtype.itemsize
-                feeds[name] = np.frombuffer(read(self.addresses[name], nbytes), dtype=dtype).reshape(shape)
-            for name, value in zip(self.engine.outputs, self.engine.session.run(self.engine.outputs, feeds)):
-                allocator = self.allocators[name]
-                address = allocator.reallocate_output(name, 0, value.nbytes, 256)
-                memory[int(address)][:value.nbytes] = value.tobytes()
-                allocator.notify_shape(name, value.shape)
-            return True
-
-    class Engine:
-        def __init__(self, blob):
-            size = int.from_bytes(blob[:8], "little")
-            self.profiles = json.loads(blob[8:8 + size])
-            model = onnx.load_from_string(blob[8 + size:])
-            self.session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-            self.inputs = [i.name for i in model.graph.input]
-            self.outputs = [o.name for o in model.graph.output]
-            self.dtypes = {v.name: np.dtype(helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type))
-                           for v in list(model.graph.input) + list(model.graph.output)}
-            self.num_io_tensors = len(self.inputs) + len(self.outputs)
-
-        def get_tensor_name(self, i):
-            return (self.inputs + self.outputs)[i]
-
-        def get_tensor_mode(self, name):
-            return "INPUT" if name in self.inputs else "OUTPUT"
-
-        def get_tensor_dtype(self, name):
-            return self.dtypes[name].name
-
-        def is_shape_inference_io(self, name):
-            return False
-
-        def create_execution_context(self, strategy=0):
-            assert strategy == 1, "the backend asks for ON_PROFILE_CHANGE"
-            return ExecutionContext(self)
-
-    class Runtime:
-        def __init__(self, logger):
-            self.DLA_core = -1
-
-        def deserialize_cuda_engine(self, blob):
-            try:
-                return Engine(blob)
-            except Exception:
-                return None
-
-    trt.Runtime = Runtime
-    return trt, pycuda, driver, record
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
 def fake_trt(monkeypatch):
-    def install(dla_cores: int = 0):
-        trt, pycuda, driver, record = fake_modules(dla_cores)
+    def install(dla_cores: int = 0, version: str = "10.3.0"):
+        trt, pycuda, driver, record = fake_modules(dla_cores, version)
         monkeypatch.setitem(sys.modules, "tensorrt", trt)
         monkeypatch.setitem(sys.modules, "pycuda", pycuda)
         monkeypatch.setitem(sys.modules, "pycuda.driver", driver)
@@ -292,10 +41,32 @@ def fake_trt(monkeypatch):
     return install
 
 
-def _executor(options):
+def _executor(options, model=None):
     from dynnet_ros.engine.backends.tensorrt import TensorRTExecutor
 
-    return TensorRTExecutor(onnx.load(ensure_model("pedestrian")), options=options)
+    return TensorRTExecutor(model if model is not None else onnx.load(ensure_model("pedestrian")), options=options)
+
+
+def _conv_model(extra: list | None = None, domains: tuple[str, ...] = ()) -> onnx.ModelProto:
+    """x[1,3,H,W] -> Conv -> Relu -> y (every layer DLA-capable)."""
+    weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y" if not extra else "r"])] + list(extra or [])
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "H", "W"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, "H", "W"])], [weight])
+    opsets = [helper.make_opsetid("", 17)] + [helper.make_opsetid(d, 1) for d in domains]
+    return helper.make_model(graph, opset_imports=opsets)
+
+
+def _image(h: int, w: int = 64) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(h).random((1, 3, h, w), dtype=np.float32)}
+
+
+def _check(got: dict, model: onnx.ModelProto, feeds: dict, rtol: float = 1e-6) -> None:
+    want = OrtExecutor(model, threads=1).run(feeds)
+    assert list(got) == list(want)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=1e-6)
 
 
 def test_runs_profiles_rebuilds_and_caches(fake_trt, tmp_path):
@@ -339,21 +110,221 @@ def test_runs_profiles_rebuilds_and_caches(fake_trt, tmp_path):
 
 def test_dla_plan_configures_the_builder(fake_trt, tmp_path):
     record = fake_trt(dla_cores=2)
-    rng = np.random.default_rng(0)
-    weight = numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
-    graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])],
-        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "H", "W"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, "H", "W"])], [weight])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    from dynnet_ros.engine.backends.tensorrt import TensorRTExecutor
-
-    executor = TensorRTExecutor(model, options=TrtOptions(precision="fp16", dla_core=1, shapes="H=32,W=64",
-                                                          cache_dir=tmp_path))
+    model = _conv_model()
+    executor = _executor(TrtOptions(precision="fp16", dla_core=1, shapes="H=32,W=64", cache_dir=tmp_path), model)
     config = record["configs"][0]
     assert (config.default_device_type, config.DLA_core) == ("DLA", 1)
     assert {"FP16", "GPU_FALLBACK"} <= config.flags and "TF32" not in config.flags
     assert executor.plan.placement.device == "DLA" and executor.plan.profiles.static
-    x = rng.random((1, 3, 32, 64), dtype=np.float32)
-    np.testing.assert_allclose(executor.run({"x": x})["y"], OrtExecutor(model, threads=1).run({"x": x})["y"])
+    _check(executor.run(_image(32)), model, _image(32))
+    executor.close()
+
+
+# ============================================================================ 1. TensorRT 11, no builder at start
+def test_tensorrt_11_starts_and_a_cached_start_creates_no_builder(fake_trt, tmp_path):
+    record = fake_trt(version="11.1.0")  # no platform_has_fast_*, no FP16/INT8 flags
+    model = _conv_model()
+    options = TrtOptions(precision="tf32", shapes="H=32,W=64", cache_dir=tmp_path)
+    executor = _executor(options, model)
+    assert record["builders"] == 1 and "TF32" in record["configs"][0].flags
+    _check(executor.run(_image(32)), model, _image(32), rtol=1e-5)
+    executor.close()
+    again = _executor(options, model)  # cache hit: the device info needs no builder
+    assert record["builders"] == 1 and record["builds"] == 1
+    again.close()
+
+
+# ============================================================================ 2. cache key, cross-process lock
+def test_cache_key_ignores_free_memory_jitter_and_follows_the_sm_count(fake_trt, tmp_path):
+    record = fake_trt()
+    model = _conv_model()
+    options = TrtOptions(shapes="H=32,W=64", cache_dir=tmp_path)
+    for free in (3000 << 20, (3000 << 20) - (64 << 10), 3100 << 20):  # a quarter of each: 512 MiB
+        record["free_bytes"] = free
+        _executor(options, model).close()
+    assert record["builds"] == 1 and record["configs"][0].pool["WORKSPACE"] == 512 << 20
+    record["sm_count"] = 8  # an Orin NX: also "Orin" 8.7, another engine
+    _executor(options, model).close()
+    assert record["builds"] == 2 and len(list(tmp_path.glob("*.engine"))) == 2
+
+
+def test_a_build_waits_for_the_process_building_the_same_engine(fake_trt, tmp_path, monkeypatch):
+    record = fake_trt()
+    model = _conv_model()
+    first = _executor(TrtOptions(shapes="H=32,W=64", cache_dir=tmp_path / "a"), model)
+    first.close()
+    (engine,) = (tmp_path / "a").glob("*.engine")
+    code = ("import sys\n"
+            "from dynnet_ros.engine.backends.trt_cache import EngineCache, EngineKey\n"
+            "cache, key = EngineCache(sys.argv[1]), EngineKey.from_json(open(sys.argv[2]).read())\n"
+            "with cache.lock(key):\n"
+            "    print('locked', flush=True)\n"
+            "    sys.stdin.readline()\n"
+            "    cache.store(key, open(sys.argv[3], 'rb').read())\n")
+    other = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "b"), str(engine.with_suffix(".json")),
+                              str(engine)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env=dict(os.environ, PYTHONPATH=ROOT))
+    assert other.stdout.readline().strip() == "locked"
+    real_flock = fcntl.flock
+
+    def flock(fd, operation):  # a blocking lock request: this process now waits for the other one
+        if operation == fcntl.LOCK_EX:
+            record["build_started"].set()
+        return real_flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    record["build_started"].clear()
+    result: list = []
+    starter = threading.Thread(target=lambda: result.append(
+        _executor(TrtOptions(shapes="H=32,W=64", cache_dir=tmp_path / "b"), model)))
+    starter.start()
+    assert record["build_started"].wait(60)  # waiting for the lock, or (without one) building
+    other.communicate("go\n", timeout=60)
+    starter.join(60)
+    assert other.returncode == 0 and record["builds"] == 1  # loaded what the other process built
+    _check(result[0].run(_image(32)), model, _image(32))
+    result[0].close()
+
+
+# ============================================================================ 3./4. threads and the CUDA context
+def test_close_waits_for_a_background_build(fake_trt, tmp_path):
+    record = fake_trt()
+    model = _conv_model()
+    executor = _executor(TrtOptions(shapes="H=32,W=64", cache_dir=tmp_path), model)
+    gate = record["build_gate"] = threading.Event()
+    record["build_started"].clear()
+    _check(executor.run(_image(48)), model, _image(48))  # outside every profile: CPU, rebuild starts
+    assert record["build_started"].wait(60)
+    closer = threading.Thread(target=executor.close)
+    closer.start()
+    closer.join(timeout=2)  # close() must still be waiting: the build holds the CUDA context
+    returned_while_building = not closer.is_alive()
+    gate.set()
+    closer.join(60)
+    assert not returned_while_building and not closer.is_alive()
+    assert record["cuda_errors"] == [] and record["leaks"] == [] and record["detached"]
+
+
+def test_a_rebuild_releases_the_old_engine_inside_its_context(fake_trt, tmp_path):
+    record = fake_trt()
+    model = _conv_model()
+    executor = _executor(TrtOptions(shapes="H=32,W=64", cache_dir=tmp_path), model)
+    executor.run(_image(48))
+    assert executor.wait_idle(timeout=60) and record["builds"] == 2
+    _check(executor.run(_image(48)), model, _image(48))
+    assert executor.stats()["engine_runs"] == 1
+    assert record["leaks"] == []  # the old engine's stream was destroyed, not leaked
+    executor.close()
+    assert record["leaks"] == [] and record["cuda_errors"] == []
+
+
+# ============================================================================ 5./6. profiles
+def test_a_refused_profile_switch_runs_on_the_cpu(fake_trt, tmp_path):
+    record = fake_trt()
+    model = _conv_model()
+    executor = _executor(TrtOptions(shapes="H=32,W=64", cache_dir=tmp_path), model)
+    record["refuse_profile_switch"] = True  # the binding raises RuntimeError, never returns False
+    _check(executor.run(_image(32)), model, _image(32))
+    assert executor.stats()["fallback_runs"] == 1 and executor.stats()["engine_runs"] == 0
+    record["refuse_profile_switch"] = False
+    _check(executor.run(_image(32)), model, _image(32))
+    assert executor.stats()["engine_runs"] == 1
+    executor.close()
+
+
+def test_a_profile_the_builder_rejects_fails_the_build(fake_trt, tmp_path):
+    record = fake_trt()
+    record["invalid_profiles"] = {1}
+    with pytest.raises(RuntimeError, match="rejected optimisation profile 1"):
+        _executor(TrtOptions(shapes="H=32|48,W=64", max_profiles=2, cache_dir=tmp_path), _conv_model())
+    assert record["detached"]
+
+
+def test_an_engine_with_the_wrong_profile_count_is_rebuilt(fake_trt, tmp_path):
+    record = fake_trt()
+    model = _conv_model()
+    options = TrtOptions(shapes="H=32|48,W=64", max_profiles=2, cache_dir=tmp_path)
+    _executor(options, model).close()
+    (engine,) = tmp_path.glob("*.engine")
+    blob = engine.read_bytes()  # keep the sidecar, drop the engine's last profile
+    size = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8:8 + size])
+    header["profiles"] = header["profiles"][:1]
+    text = json.dumps(header).encode()
+    engine.write_bytes(len(text).to_bytes(8, "little") + text + blob[8 + size:])
+    executor = _executor(options, model)
+    assert record["builds"] == 2
+    for height in (32, 48):
+        _check(executor.run(_image(height)), model, _image(height))
+    assert executor.stats()["engine_runs"] == 2
+    executor.close()
+
+
+# ============================================================================ 7. DLA
+def test_dla_builds_one_engine_per_static_shape(fake_trt, tmp_path):
+    record = fake_trt(dla_cores=2)
+    model = _conv_model()
+    executor = _executor(TrtOptions(precision="fp16", dla_core=0, shapes="H=32|48,W=64", cache_dir=tmp_path), model)
+    assert record["builds"] == 2 and [len(c.profiles) for c in record["configs"]] == [1, 1]
+    assert len(executor.plan.parts) == 2 and len(list(tmp_path.glob("*.engine"))) == 2
+    for height in (48, 32, 48):
+        _check(executor.run(_image(height)), model, _image(height))
+    assert executor.stats()["engine_runs"] == 3
+    executor.close()
+
+
+def test_dla_without_gpu_fallback_lets_the_build_decide(fake_trt, tmp_path):
+    record = fake_trt(dla_cores=2)  # the parser's extra constant layer answers can_run_on_DLA False
+    model = _conv_model()
+    executor = _executor(TrtOptions(precision="fp16", dla_core=1, allow_gpu_fallback=False, shapes="H=32,W=64",
+                                    cache_dir=tmp_path), model)
+    assert record["builds"] == 1 and "GPU_FALLBACK" not in record["configs"][0].flags
+    assert executor.layers.on_dla == ("{ForeignNode[Conv...Relu]}",)
+    assert executor.stats()["dla_layers"].startswith("1 of 1 engine layers on the DLA")
+    executor.close()
+
+
+# ============================================================================ 8. performance
+def test_a_rebuild_reuses_the_persisted_timing_cache(fake_trt, tmp_path):
+    record = fake_trt()
+    model = _conv_model()
+    options = TrtOptions(shapes="H=32,W=64", cache_dir=tmp_path)
+    _executor(options, model).close()
+    assert record["timed"] == 2 and len(list(tmp_path.glob("timing-*.cache"))) == 1
+    for path in tmp_path.glob("*.engine"):
+        path.unlink()
+    _executor(options, model).close()
+    assert record["builds"] == 2 and record["timed"] == 2  # every tactic's timing came from the cache
+
+
+def test_alternating_profiles_never_reallocate_activation_memory(fake_trt, tmp_path):
+    record = fake_trt()
+    model = _conv_model()
+    executor = _executor(TrtOptions(shapes="H=32|48,W=64", max_profiles=2, cache_dir=tmp_path), model)
+    for height in (32, 48, 32, 48, 32):
+        _check(executor.run(_image(height)), model, _image(height))
+    assert executor.stats()["engine_runs"] == 5 and record["profile_switches"] == 5
+    assert record["activation_allocations"] == 1
+    executor.close()
+
+
+# ============================================================================ 9. logger, plugins, tensor locations
+def test_one_logger_per_process_and_plugins_before_parsing(fake_trt, tmp_path):
+    record = fake_trt()
+    plugin = helper.make_node("ScaleShift_TRT", ["r"], ["y"], domain="trt.plugins")
+    model = _conv_model(extra=[plugin], domains=("trt.plugins",))
+    first = _executor(TrtOptions(shapes="H=32,W=64", cache_dir=tmp_path), model)  # parses: plugins registered
+    second = _executor(TrtOptions(shapes="H=32,W=64", cache_dir=tmp_path / "other"), model)
+    assert record["builds"] == 2 and record["loggers"] == 1 and record["ignored_loggers"] == 0
+    first.close()
+    second.close()
+
+
+def test_input_memory_follows_the_tensor_location(fake_trt, tmp_path):
+    record = fake_trt()
+    record["shape_io_inputs"] = {"x"}  # needed for shape calculations, yet a device tensor
+    model = _conv_model()
+    executor = _executor(TrtOptions(shapes="H=32,W=64", cache_dir=tmp_path), model)
+    _check(executor.run(_image(32)), model, _image(32))
+    assert executor.stats()["engine_runs"] == 1
     executor.close()

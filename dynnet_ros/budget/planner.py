@@ -9,8 +9,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from dynnet_ros.budget.policy import (Allocation, Hysteresis, NodeSpec, PoolConfig, allocate,
-                                      apply_hysteresis, dnn_pool_mb)
+from dynnet_ros.budget.policy import (
+    Allocation,
+    Hysteresis,
+    NodeSpec,
+    PoolConfig,
+    allocate,
+    apply_hysteresis,
+    dnn_pool_mb,
+)
 from dynnet_ros.budget.protocol import BudgetReport, ModelProfile, NodeBudgetReport
 from dynnet_ros.budget.sources import MemoryReading
 
@@ -92,7 +99,7 @@ class BudgetPlanner:
         self._nodes: dict[str, _NodeState] = {}
         self._last_eval_s: float | None = None
         self._last_available: float | None = None
-        self._dirty = "startup"
+        self._dirty: str | None = "startup"
 
     # ------------------------------------------------------------------ inputs
     def set_config(self, config: ManagerConfig) -> None:
@@ -137,8 +144,12 @@ class BudgetPlanner:
 
     # ------------------------------------------------------------------ decisions
     def live_nodes(self, now_s: float) -> list[str]:
-        return sorted(n for n, s in self._nodes.items()
-                      if s.profile is not None and now_s - s.seen_s <= self.config.profile_timeout_s)
+        return [name for name, _ in self._live_profiles(now_s)]
+
+    def _live_profiles(self, now_s: float) -> list[tuple[str, ModelProfile]]:
+        """(node, profile) of the nodes that reported a profile within the timeout, by name."""
+        return [(n, s.profile) for n, s in sorted(self._nodes.items(), key=lambda item: item[0])
+                if s.profile is not None and now_s - s.seen_s <= self.config.profile_timeout_s]
 
     def due(self, reading: MemoryReading, now_s: float) -> str | None:
         """Why an evaluation is due now (None = not yet)."""
@@ -154,9 +165,8 @@ class BudgetPlanner:
     def specs(self, now_s: float) -> list[NodeSpec]:
         configured = {n.name: n for n in self.config.nodes}
         specs = []
-        for name in self.live_nodes(now_s):
+        for name, profile in self._live_profiles(now_s):
             state = self._nodes[name]
-            profile = state.profile
             cfg = configured.get(name) or NodeConfig(name, self.config.default_priority)
             lo = max(cfg.min_mb, profile.min_mb or 0.0, state.floor_mb)
             hi = cfg.max_mb
@@ -168,8 +178,7 @@ class BudgetPlanner:
     def held_mb(self, now_s: float) -> float:
         """Memory the live model nodes hold that ``available`` lacks (their anonymous growth)."""
         total = 0.0
-        for name in self.live_nodes(now_s):
-            profile = self._nodes[name].profile
+        for _, profile in self._live_profiles(now_s):
             held = profile.anon_held_mb if profile.anon_held_mb is not None else profile.held_mb
             total += held or 0.0
         return total
@@ -180,8 +189,7 @@ class BudgetPlanner:
         total = dnn_pool_mb(reading.available_mb, held, self.config.pool, reading.gpu_shared_mb)
         alloc = allocate(total, specs)
         bounds = {s.name: (s.min_mb, s.max_mb) for s in specs}
-        current = {s.name: self._nodes[s.name].applied_mb for s in specs
-                   if self._nodes[s.name].applied_mb is not None}
+        current = {s.name: mb for s in specs if (mb := self._nodes[s.name].applied_mb) is not None}
         last = {s.name: self._nodes[s.name].applied_s for s in specs}
         decided = apply_hysteresis(current, alloc.budgets, alloc.total_mb, last, now_s,
                                    self.config.hysteresis, bounds)

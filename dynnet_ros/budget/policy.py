@@ -144,8 +144,8 @@ def allocate(total_mb: float, nodes: list[NodeSpec]) -> Allocation:
             left -= take
         spare = max(0.0, left)
     predicted = {n.name: n.predicted_ms(budgets[n.name]) for n in nodes}
-    known = [(n.weight, predicted[n.name]) for n in nodes]
-    weighted = sum(w * ms for w, ms in known) if known and all(ms is not None for _, ms in known) else None
+    known = [(n.weight, ms) for n in nodes if (ms := predicted[n.name]) is not None]
+    weighted = sum(w * ms for w, ms in known) if known and len(known) == len(nodes) else None
     pressure = infeasible or any(budgets[n.name] + 1e-6 < n.max_mb for n in nodes)
     return Allocation(total_mb, budgets, predicted, infeasible, pressure, spare, weighted)
 

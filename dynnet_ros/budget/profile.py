@@ -1,18 +1,28 @@
 """What a model node tells the budget manager about its engine (no ROS; the node publishes it).
 
-Engines that swap blocks expose ``min_budget_mb()`` and ``latency_table()``; an engine that can
-only run the whole model in memory has neither, and is then reported honestly as a single
-point: it needs what it holds now, and is as fast as it last ran.
+An engine reports its smallest budget and a latency table (``BudgetedModel``); where the table
+is empty (no frame measured yet, or a model that runs only in memory) the model is reported
+honestly as a single point: it needs what it holds now, and is as fast as it last ran.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 from dynnet_ros.budget.protocol import ModelProfile
 
 NO_SWAP_QUANTUM_MB = 8.0
+
+
+class BudgetedModel(Protocol):
+    """What a profile reads from an engine (``dynnet_ros.engine.Engine`` provides both)."""
+
+    def latency_table(self) -> list[tuple[float, float]]:
+        """(budget MB, predicted ms) per level, increasing budget; empty when none is known."""
+
+    def min_budget_mb(self) -> float | None:
+        """The smallest budget the model runs in (None: the engine cannot tell)."""
 
 
 def _number(value: Any) -> float | None:
@@ -23,7 +33,7 @@ def _number(value: Any) -> float | None:
     return out if math.isfinite(out) and out >= 0 else None
 
 
-def engine_profile(node: str, engine: Any, *, rss_mb: float | None, held_mb: float | None,
+def engine_profile(node: str, engine: BudgetedModel, *, rss_mb: float | None, held_mb: float | None,
                    budget_mb: float | None, fallback_ms: float | None = None,
                    anon_held_mb: float | None = None) -> ModelProfile:
     """Profile of ``engine`` as seen from its node.
@@ -32,16 +42,12 @@ def engine_profile(node: str, engine: Any, *, rss_mb: float | None, held_mb: flo
     ``anon_held_mb`` its anonymous part; ``budget_mb`` is the budget in force (None = unlimited).
     """
     table: list[tuple[float, float]] = []
-    min_mb = None
-    latency_table = getattr(engine, "latency_table", None)
-    if callable(latency_table):
-        for point in latency_table() or ():
-            mb, ms = (_number(v) for v in point)
-            if mb is not None and ms is not None:
-                table.append((mb, ms))
-    min_budget = getattr(engine, "min_budget_mb", None)
-    if callable(min_budget):
-        min_mb = _number(min_budget())
+    for point in engine.latency_table():
+        mb, ms = (_number(v) for v in point)
+        if mb is not None and ms is not None:
+            table.append((mb, ms))
+    min_mb = _number(engine.min_budget_mb())
+    full_mb: float | None
     if table:
         full_mb = max(mb for mb, _ in table)
         if min_mb is None:

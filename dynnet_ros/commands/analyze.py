@@ -7,7 +7,14 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
+import onnx.defs
+from rich.console import Console
+from rich.table import Table
+
 from dynnet_ros.commands import CommandError
+from dynnet_ros.engine.rdp import analyze
+from dynnet_ros.engine.rdp.registry import CUSTOM, REGISTRY
+from dynnet_ros.zoo import resolve_model_spec
 
 NAME = "analyze"
 HELP = "symbolic rank/dimension propagation (RDP) of an ONNX model"
@@ -34,10 +41,6 @@ def parse_shape(text: str) -> tuple[str, list[int]]:
 
 
 def ops_table() -> list[dict]:
-    import onnx.defs
-
-    from dynnet_ros.engine.rdp.registry import CUSTOM, REGISTRY
-
     versions: dict[str, list[int]] = {}
     for s in onnx.defs.get_all_schemas_with_history():
         if s.domain == "":
@@ -82,8 +85,6 @@ def run(args) -> int:
         return 0
     if not args.model:
         raise CommandError("give a MODEL path (or --ops)")
-    from dynnet_ros.engine.rdp import analyze
-    from dynnet_ros.zoo import resolve_model_spec
 
     model = resolve_model_spec(args.model)
 
@@ -105,9 +106,6 @@ def run(args) -> int:
 
 
 def _print_ops(rows: list[dict]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     t = Table(title="RDP operator classification")
     for c in ("operator", "domain", "category", "family", "opsets"):
         t.add_column(c)
@@ -117,9 +115,6 @@ def _print_ops(rows: list[dict]) -> None:
 
 
 def _print_human(res, data: dict, warns: list[str], top: int) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     con = Console()
     st = data["stats"]
     con.print(f"[bold]{data['model']}[/bold]: {len(res.nodes)} nodes, {st['tensors']} tensors, "

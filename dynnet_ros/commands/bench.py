@@ -16,8 +16,18 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnx
+import onnxruntime as ort
+from matplotlib.figure import Figure
 
-from dynnet_ros.engine.procmem import status_bytes
+from dynnet_ros.engine import Engine
+from dynnet_ros.engine.backends.cpu import default_threads, session_options
+from dynnet_ros.engine.backends.cpu_planned import create_planned_executor
+from dynnet_ros.engine.backends.registry import load_for_backend
+from dynnet_ros.engine.model_io import input_specs, load_model
+from dynnet_ros.engine.procmem import reset_peak_rss, status_bytes
+from dynnet_ros.units import MB
+from dynnet_ros.zoo import resolve_model_spec
 
 NAME = "bench"
 HELP = "benchmark the planned engine against plain onnxruntime (fresh process each)"
@@ -49,9 +59,12 @@ def shape_sequence(spec: str, samples: int, seed: int) -> list[tuple[int, int]]:
     spec = spec.strip()
     try:
         if "x" in spec:
-            pairs = [tuple(int(v) for v in item.split("x")) for item in spec.split(",") if item]
-            if any(len(p) != 2 or min(p) < 1 for p in pairs):
-                raise ValueError
+            pairs: list[tuple[int, int]] = []
+            for item in filter(None, spec.split(",")):
+                height, width = (int(v) for v in item.split("x"))  # ValueError unless exactly two
+                if min(height, width) < 1:
+                    raise ValueError
+                pairs.append((height, width))
             return [pairs[i % len(pairs)] for i in range(samples)]
         lohi, _, step = spec.partition(":")
         lo, hi = (int(v) for v in lohi.split("-"))
@@ -96,30 +109,11 @@ def make_feeds(specs, height: int, width: int, rng: np.random.Generator) -> dict
 # ---------------------------------------------------------------------------------- worker
 def _worker(config: dict) -> dict:
     """Runs in a fresh interpreter: load one side, run the sequence, report."""
-    import onnxruntime as ort
-
-    from dynnet_ros.engine import Engine
-    from dynnet_ros.engine.backends.cpu import session_options
-    from dynnet_ros.engine.model_io import input_specs, load_model
-    # Both sides import the same code before the baseline: library code (onnxruntime's, the
-    # planner's, RDP's and the swap policy's modules, which Engine imports lazily: ~11 MB RSS)
-    # is a per-process constant, not memory a model costs.
-    import importlib
-
-    for module in ("dynnet_ros.engine.plan.executor", "dynnet_ros.engine.plan.simplify",
-                   "dynnet_ros.engine.plan.shapes", "dynnet_ros.engine.plan.control", "dynnet_ros.engine.rdp",
-                   "dynnet_ros.swap.control"):
-        importlib.import_module(module)
-
     specs = input_specs(load_model(config["model"], check=False))
     shapes = [tuple(s) for s in config["shapes"]]
     rng = np.random.default_rng(config["seed"])
     feeds_by_shape = {s: make_feeds(specs, s[0], s[1], rng) for s in dict.fromkeys(shapes)}
-    try:  # reset the high-water mark so imports and feed generation do not count
-        with open("/proc/self/clear_refs", "w") as handle:
-            handle.write("5")
-    except OSError:
-        pass
+    reset_peak_rss()  # imports and feed generation do not count
     baseline = status_bytes("VmRSS")
     start = time.perf_counter()
     if config["side"] == "engine":
@@ -135,7 +129,10 @@ def _worker(config: dict) -> dict:
             return dict(zip(names, session.run(names, feeds)))
     load_s = time.perf_counter() - start
     load_peak = status_bytes("VmHWM") - baseline
-    latencies, cpu_ms, first_at, first_cpu = [], [], {}, {}
+    latencies: list[float] = []
+    cpu_ms: list[float] = []
+    first_at: dict[tuple[int, ...], float] = {}
+    first_cpu: dict[tuple[int, ...], float] = {}
     for shape in shapes:
         c0, t0 = time.process_time(), time.perf_counter()
         run(feeds_by_shape[shape])
@@ -159,8 +156,8 @@ def _worker(config: dict) -> dict:
     ratios = [first_at[s] / steady[s] for s in steady if steady[s] > 0]
     cpu_ratios = [first_cpu[s] / steady_cpu[s] for s in steady_cpu if steady_cpu[s] > 0]
     result = {
-        "side": config["side"], "load_s": load_s, "load_peak_mb": load_peak / 2**20,
-        "peak_mb": peak / 2**20, "rss_end_mb": (status_bytes("VmRSS") - baseline) / 2**20,
+        "side": config["side"], "load_s": load_s, "load_peak_mb": load_peak / MB,
+        "peak_mb": peak / MB, "rss_end_mb": (status_bytes("VmRSS") - baseline) / MB,
         "mean_ms": float(np.mean(latencies)), "p95_ms": float(np.percentile(latencies, 95)),
         "latencies_ms": latencies,
         # CPU time of the process per run: steadier than wall time on a shared machine
@@ -200,13 +197,6 @@ def run_worker(config: dict, timeout_s: float = 1800) -> dict:
 def node_counts(model_path: str, threads: int | None) -> dict:
     """Nodes in the model, in the graph the engine executes (after onnxruntime's layout rewrite
     where used, and our simplification), and in onnxruntime's own EXTENDED-optimised graph."""
-    import onnx
-    import onnxruntime as ort
-
-    from dynnet_ros.engine.backends.cpu import session_options
-    from dynnet_ros.engine.backends.cpu_planned import create_planned_executor
-    from dynnet_ros.engine.backends.registry import load_for_backend
-
     skeleton = load_for_backend("cpu", model_path)
     executor = create_planned_executor(skeleton, threads=1, versions=False)
     try:
@@ -239,8 +229,6 @@ def _median_side(runs: list[dict]) -> dict:
 
 def compare(model_path: str, shapes: list[tuple[int, int]], *, threads: int | None, seed: int = 0,
             steady_runs: int = 2, repeats: int = 1, backend: str = "cpu") -> dict:
-    from dynnet_ros.engine.backends.cpu import default_threads
-
     threads = threads or default_threads()
     base = {"model": model_path, "shapes": shapes, "seed": seed, "threads": threads,
             "steady_runs": steady_runs, "backend": backend}
@@ -284,13 +272,9 @@ def _table(result: dict) -> str:
 
 
 def plot(result: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     e, o = result["engine"], result["onnxruntime"]
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    fig = Figure(figsize=(14, 4))
+    axes = fig.subplots(1, 3)
     names = ["engine", "onnxruntime"]
     axes[0].bar(names, [e["peak_mb"], o["peak_mb"]], color=["tab:blue", "tab:orange"])
     axes[0].set_title("peak memory above baseline (MB)")
@@ -309,12 +293,9 @@ def plot(result: dict, path: str) -> None:
     fig.suptitle(f"{Path(result['model']).name}: {result['samples']} shapes, {result['threads']} threads")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def run(args: argparse.Namespace) -> int:
-    from dynnet_ros.zoo import resolve_model_spec
-
     model_path = resolve_model_spec(args.model)
     shapes = shape_sequence(args.shapes, args.samples, args.seed)
     result = compare(model_path, shapes, threads=args.threads, seed=args.seed, steady_runs=args.steady_runs,

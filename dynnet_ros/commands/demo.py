@@ -17,8 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from diagnostic_msgs.msg import DiagnosticArray
+from matplotlib.figure import Figure
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
 from dynnet_ros.commands import CommandError
 from dynnet_ros.commands.up import GraphRunner, StopRequest, load_config
+from dynnet_ros.nodes.background import BackgroundNode
+from dynnet_ros.nodes.diagnostics import level_value, status_values
 
 NAME = "demo"
 HELP = "run the vehicle graph with the simulator for a while; live table + demo-report/ (JSON, PNG)"
@@ -38,20 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 @dataclass
 class Series:
     """Time series of one node's diagnostics (t relative to the demo start)."""
-
     task: str
     samples: list[dict[str, Any]] = field(default_factory=list)
 
 
 class DiagnosticsRecorder:
     """Collects every node's statuses from /diagnostics (rclpy, spun in a thread)."""
-
     def __init__(self, t0: float, namespace: str = "") -> None:
-        from diagnostic_msgs.msg import DiagnosticArray
-
-        from dynnet_ros.nodes.background import BackgroundNode
-        from dynnet_ros.nodes.diagnostics import level_value, status_values
-
         self._values = status_values
         self._level = level_value
         self.t0 = t0
@@ -91,8 +92,6 @@ def _fmt(value: Any, spec: str = ".1f") -> str:
 
 
 def build_table(recorder: DiagnosticsRecorder, elapsed: float, duration: float):
-    from rich.table import Table
-
     table = Table(title=f"dynnet demo — {elapsed:4.0f} / {duration:.0f} s   (node output: nodes.log)")
     for column in ("node", "status", "Hz", "p50 ms", "p95 ms", "input", "camera", "done", "drop", "fail",
                    "RSS MB"):
@@ -157,16 +156,12 @@ def summarize(recorder: DiagnosticsRecorder, duration: float, codes: dict[str, i
 
 
 def plot(recorder: DiagnosticsRecorder, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     with recorder.lock:
         series = {name: list(s.samples) for name, s in recorder.series.items()}
         memory = list(recorder.memory)
         camera = [s for s in recorder.camera if s.get("camera_resolution")]
-    fig, axes = plt.subplots(3, 1, figsize=(12, 10), sharex=True)
+    fig = Figure(figsize=(12, 10))
+    axes = fig.subplots(3, 1, sharex=True)
     for node, samples in sorted(series.items()):
         pts = [s for s in samples if isinstance(s.get("latency_last_ms"), float)]
         line, = axes[0].plot([s["t"] for s in pts], [s["latency_last_ms"] for s in pts], marker=".",
@@ -201,7 +196,6 @@ def plot(recorder: DiagnosticsRecorder, path: Path) -> None:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: never hides data
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _pixels(text: str) -> float:
@@ -224,9 +218,6 @@ def run(args: argparse.Namespace) -> int:
         with log_lock:
             log.write(f"[{name}] {line}\n")
             log.flush()
-
-    from rich.console import Console
-    from rich.live import Live
 
     console = Console() if sys.stdout.isatty() else Console(width=120)  # logs: keep the table readable
     runner = GraphRunner(config, use_sim=True, sink=sink, namespace=args.namespace)

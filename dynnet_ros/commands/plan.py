@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from pathlib import Path
+
+import onnx
+import onnxruntime as ort
+
+from dynnet_ros.engine.backends.cpu_planned import create_planned_executor
+from dynnet_ros.engine.backends.registry import load_for_backend
+from dynnet_ros.engine.plan.executor import PlannedExecutor, reference_shapes
+from dynnet_ros.engine.plan.graph import node_name
+from dynnet_ros.engine.plan.memory_plan import greedy_by_size
+from dynnet_ros.units import MB
+from dynnet_ros.zoo import resolve_model_spec
 
 NAME = "plan"
 HELP = "show the planned engine's simplification, partitions, order and memory plan for a model"
@@ -42,13 +54,6 @@ def parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
 
 def build_report(model_spec: str, shapes: dict[str, tuple[int, ...]], granularity: str = "choose",
                  layout: str = "nchwc") -> dict:
-    from dynnet_ros.zoo import resolve_model_spec
-    from dynnet_ros.engine.backends.cpu_planned import create_planned_executor
-    from dynnet_ros.engine.backends.registry import load_for_backend
-    from dynnet_ros.engine.plan.executor import PlannedExecutor, _reference_shapes
-    from dynnet_ros.engine.plan.graph import node_name
-    from dynnet_ros.engine.plan.memory_plan import greedy_by_size
-
     path = resolve_model_spec(model_spec)
     skeleton = load_for_backend("cpu", path)
     executor = create_planned_executor(skeleton, layout=layout, granularity=granularity, versions=False)
@@ -58,7 +63,7 @@ def build_report(model_spec: str, shapes: dict[str, tuple[int, ...]], granularit
     try:
         graph = executor.graph
         if not shapes:
-            shapes = _reference_shapes(graph, executor.options.reference_side)
+            shapes = reference_shapes(graph, executor.options.reference_side)
         unknown = sorted(set(shapes) - set(graph.inputs))
         if unknown:
             raise ValueError(f"unknown input(s) {unknown}; the model takes {graph.inputs}")
@@ -95,11 +100,6 @@ def build_report(model_spec: str, shapes: dict[str, tuple[int, ...]], granularit
 
 def _ort_extended_nodes(path: str) -> int | None:
     """Nodes left in onnxruntime's own ORT_ENABLE_EXTENDED-optimised graph (for comparison)."""
-    import tempfile
-
-    import onnx
-    import onnxruntime as ort
-
     with tempfile.TemporaryDirectory() as tmp:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
@@ -132,11 +132,10 @@ def _print(report: dict, show_order: bool) -> None:
         print(f"  [{part['index']:3d}] {part['label']:14s} {part['kind']:8s} {len(part['nodes']):3d} nodes: {ops}")
     if show_order:
         print("order: " + " -> ".join(report["order"]))
-    mb = 2**20
     lb = mem["lower_bound_bytes"]
-    print(f"memory plan at {report['input_shapes']}: arena {mem['arena_bytes'] / mb:.2f} MB, lower bound "
-          f"{lb / mb:.2f} MB ({(mem['arena_bytes'] / lb if lb else 1):.3f}x), greedy-by-size "
-          f"{mem['greedy_by_size_bytes'] / mb:.2f} MB; {mem['in_arena']} tensors in the arena, "
+    print(f"memory plan at {report['input_shapes']}: arena {mem['arena_bytes'] / MB:.2f} MB, lower bound "
+          f"{lb / MB:.2f} MB ({(mem['arena_bytes'] / lb if lb else 1):.3f}x), greedy-by-size "
+          f"{mem['greedy_by_size_bytes'] / MB:.2f} MB; {mem['in_arena']} tensors in the arena, "
           f"{mem['left_to_onnxruntime']} left to onnxruntime; planned in {mem['planning_ms']} ms")
 
 

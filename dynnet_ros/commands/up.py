@@ -3,7 +3,8 @@
 The same nodes `ros2 launch dynnet_ros vehicle.launch.py` starts, without needing `launch`:
 one `python -m dynnet_ros.nodes.<x> --ros-args ...` process per node, each in its own process
 group, output forwarded line by line with a `[name]` prefix. Ctrl-C/SIGTERM (or --duration)
-stops them all: SIGINT, then SIGTERM, then SIGKILL, with a timeout between steps. Children
+stops them all with SIGINT; a node that needs SIGTERM or SIGKILL after a timeout makes the run a
+failure (exit status 1, the node named on stderr). Children
 also get SIGTERM from the kernel if `dynnet up` itself is killed (PR_SET_PDEATHSIG).
 """
 from __future__ import annotations
@@ -24,8 +25,8 @@ from typing import Callable
 import yaml
 
 from dynnet_ros.commands import CommandError
-from dynnet_ros.graph_config import (GraphConfig, NodeConfig, default_config_path, load_graph, node_command,
-                                    validate_namespace)
+from dynnet_ros.graph_config import (GraphConfig, ProcessSpec, default_config_path, graph_processes,
+                                    load_graph, node_command, validate_namespace)
 
 NAME = "up"
 HELP = "start the vehicle graph (config/vehicle.yaml) as separate processes; Ctrl-C stops it"
@@ -62,7 +63,7 @@ def _child_setup() -> None:  # runs in the child between fork and exec
 
 @dataclass
 class Child:
-    node: NodeConfig
+    node: ProcessSpec
     proc: subprocess.Popen
     reader: threading.Thread
 
@@ -90,12 +91,13 @@ class GraphRunner:
                  namespace: str = "") -> None:
         self.config = config
         self.namespace = validate_namespace(namespace)
-        self.nodes = config.selected(use_sim)
+        self.nodes = graph_processes(config, use_sim, self.namespace)
         if not self.nodes:
             raise CommandError(f"{config.source}: no nodes to start (all are sim nodes and --no-sim was given)")
         self.env = graph_env(env)
         self.children: list[Child] = []
         self.stopping = False
+        self.escalated: dict[str, str] = {}  # node -> SIGTERM/SIGKILL it needed after SIGINT (see stop)
         self._print_lock = threading.Lock()
         self._sink = sink or self._print
         self._tmp = tempfile.TemporaryDirectory(prefix="dynnet-up-")
@@ -115,12 +117,18 @@ class GraphRunner:
             for task in tasks:
                 ensure_model(task)
 
-    def start(self) -> None:
-        self.prepare_models()
+    def commands(self) -> list[tuple[ProcessSpec, list[str]]]:
+        """Each node's argv, its parameters written to the params file the argv names."""
+        commands = []
         for node in self.nodes:
             params_file = Path(self._tmp.name) / f"{node.name}.yaml"
             params_file.write_text(yaml.safe_dump(node.params_file_data(), sort_keys=False))
-            cmd = node_command(node, params_file, namespace=self.namespace)
+            commands.append((node, node_command(node, params_file)))
+        return commands
+
+    def start(self) -> None:
+        self.prepare_models()
+        for node, cmd in self.commands():
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     env=self.env, text=True, bufsize=1, preexec_fn=_child_setup)
             reader = threading.Thread(target=self._forward, args=(node.name, proc), daemon=True)
@@ -140,13 +148,20 @@ class GraphRunner:
         return [(c.node.name, c.proc.returncode) for c in self.children if c.proc.poll() is not None]
 
     def stop(self, *, int_timeout: float = 8.0, term_timeout: float = 4.0) -> dict[str, int]:
-        """SIGINT every process group, then SIGTERM, then SIGKILL; returns exit codes."""
+        """SIGINT every process group, then SIGTERM, then SIGKILL; returns exit codes.
+
+        A node still running when SIGTERM or SIGKILL goes out is recorded in ``escalated`` (name ->
+        the last signal it needed): every node is expected to stop on the first SIGINT, so the
+        escalation is a failure to report, not a routine step.
+        """
         self.stopping = True
         for sig, timeout in ((signal.SIGINT, int_timeout), (signal.SIGTERM, term_timeout), (signal.SIGKILL, 5.0)):
             alive = [c for c in self.children if c.proc.poll() is None]
             if not alive:
                 break
             for child in alive:
+                if sig != signal.SIGINT:
+                    self.escalated[child.node.name] = sig.name
                 try:
                     os.killpg(child.proc.pid, sig)
                 except ProcessLookupError:
@@ -232,4 +247,9 @@ def run(args: argparse.Namespace) -> int:
             codes = runner.stop()
     reason = "signal" if stop.signal is not None else "duration" if status == 0 else "failure"
     print(f"dynnet up: stopped ({reason}); exit codes {codes}", flush=True)
+    if runner.escalated:
+        listing = ", ".join(f"{name} ({sig})" for name, sig in sorted(runner.escalated.items()))
+        print(f"dynnet up: failure: node(s) ignored SIGINT and had to be stopped with: {listing}",
+              file=sys.stderr, flush=True)
+        status = 1
     return status

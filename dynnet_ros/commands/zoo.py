@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import onnx
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.table import Table
 
 from dynnet_ros.commands import CommandError
@@ -48,7 +48,8 @@ def _shown(path: str | None) -> str:
 def _print(rows: list[dict], title: str) -> None:
     table = Table(title=title)
     timed = any("latency_ms_median" in r for r in rows)
-    cols = [("model", "left"), ("params", "right"), ("weight MB", "right"), ("GFLOPs @640x480", "right")]
+    cols: list[tuple[str, JustifyMethod]] = [("model", "left"), ("params", "right"), ("weight MB", "right"),
+                                             ("GFLOPs @640x480", "right")]
     cols += [("ORT ms median / min", "right"), ("CPU ms/run", "right")] if timed else [("file", "left")]
     for col, justify in cols:
         table.add_column(col, justify=justify)

@@ -1,20 +1,26 @@
 """The Engine facade: the one object nodes, tools and tests run models through.
 
-Its contract (DESIGN.md) stays fixed while the insides change: RDP plans, block swapping and
-kernel versions plug in as executors without touching callers.
+Its contract (DESIGN.md) stays fixed while the insides change: RDP plans, streamed weights and
+kernel versions plug in as executors (backends/base.py) without touching callers.
 """
 from __future__ import annotations
 
 import threading
 import time
-from typing import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
 
 import numpy as np
 import onnxruntime as ort
 
 from dynnet_ros.engine.backends import create_executor, load_for_backend
+from dynnet_ros.engine.backends.base import Executor, ExecutorStats, WindowStats
 from dynnet_ros.engine.feeds import shape_signature, validate_feeds
+from dynnet_ros.engine.memtrim import release_memory
 from dynnet_ros.engine.model_io import InputSpec, ModelLike, input_specs, output_names, weight_bytes
+from dynnet_ros.engine.procmem import status_bytes
+from dynnet_ros.swap.control import BudgetModel, BudgetRefused, SwapControl
+from dynnet_ros.units import MB
 
 
 def validate_budget_mb(mb: float | int | None) -> float | None:
@@ -29,17 +35,69 @@ def validate_budget_mb(mb: float | int | None) -> float | None:
     return value
 
 
+@dataclass(frozen=True)
+class EngineStats:
+    """What ``Engine.engine_stats()`` reports: the engine's own counters plus its executor's."""
+
+    backend: str
+    executor: str                       # the running executor's name ("cpu-planned", "swap", ...)
+    last_latency_ms: float | None
+    shape_signature: dict[str, list[int]] | None
+    runs: int
+    shape_signatures_seen: int
+    weight_bytes: int
+    memory_budget_mb: float | None
+    executor_stats: ExecutorStats
+
+    @property
+    def window(self) -> WindowStats | None:
+        """The streamed weights window (None when the executor does not stream weights)."""
+        return self.executor_stats.window
+
+    def as_dict(self) -> dict[str, Any]:
+        """The dict DESIGN.md documents for ``Engine.stats()``."""
+        ex = self.executor_stats
+        window = None if ex.window is None else {**asdict(ex.window), "mode": "stream",
+                                                 "last_frame_read_mb": ex.window.last_frame_read_bytes / MB,
+                                                 "min_budget_mb": ex.window.min_budget_bytes / MB,
+                                                 "budget_mb": None if ex.window.budget_bytes is None
+                                                 else ex.window.budget_bytes / MB}
+        return {
+            "backend": self.backend,
+            "executor": self.executor,
+            "last_latency_ms": self.last_latency_ms,
+            "shape_signature": self.shape_signature,
+            "runs": self.runs,
+            "versions": {"onnxruntime": ort.__version__, "shape_signatures_seen": self.shape_signatures_seen},
+            "arena_bytes": ex.arena_bytes,
+            "weight_bytes": self.weight_bytes,
+            "blocks": ex.blocks,
+            "memory_budget_mb": self.memory_budget_mb,
+            **({} if ex.resident_weight_bytes is None else {"resident_weight_bytes": ex.resident_weight_bytes}),
+            **ex.details,
+            "swap": window,
+        }
+
+
 class Engine:
     """Run one ONNX model: validated inputs in, onnxruntime-compatible outputs out."""
 
     def __init__(self, model: ModelLike, backend: str = "cpu", *, threads: int | None = None,
-                 memory_budget_mb: float | None = None, swappable: bool = False) -> None:
+                 memory_budget_mb: float | None = None, swappable: bool = False, layout: str = "nchwc") -> None:
         """``swappable``: start on the executor that takes budgets later without a rebuild (the
         planned engine with streamed weights, all resident while there is no budget) — for
         callers whose budget will change, like the model nodes. Switching executors later
-        would leave the first one's freed heap and code pages in the process."""
-        from dynnet_ros.engine.procmem import status_bytes
+        would leave the first one's freed heap and code pages in the process.
 
+        ``layout`` (cpu backend): "nchwc" runs onnxruntime's blocked-layout rewrite where this
+        CPU has its kernels and the model as given elsewhere; "as-given" always runs the model
+        as given. Budgets stream the weights of the same graph either way."""
+        if layout not in ("nchwc", "as-given"):
+            raise ValueError(f"unknown layout {layout!r} (nchwc | as-given)")
+        # Free heap the process kept from earlier work goes back to the OS first: heap reused by
+        # this engine would otherwise hide its growth, and a trim after the baseline would
+        # subtract from it.
+        release_memory()
         self.baseline_rss = status_bytes("VmRSS")  # budgets bound the RSS growth from here
         #: bytes the caller allocated since and charges to itself (a node's frame buffers)
         self.external_bytes = 0
@@ -51,35 +109,47 @@ class Engine:
         self.inputs: list[InputSpec] = input_specs(self.proto)
         self.outputs: list[str] = output_names(self.proto)
         self.weight_bytes = weight_bytes(self.proto)
-        # With a budget the swap policy picks the executor (no full in-memory session first).
-        self.swappable = swappable
-        self._executor = None if memory_budget_mb is not None or swappable else \
-            create_executor(backend, self.proto, threads=threads)
+        self.layout = layout
+        # With a budget (or swappable) the budget policy builds the first executor: no full
+        # in-memory one first.
+        self._executor: Executor | None = None if memory_budget_mb is not None or swappable else \
+            self._create_inmemory()
         self._lock = threading.Lock()
         self._budget_mb: float | None = None
         self._last_latency_ms: float | None = None
-        self._last_signature = None
+        self._last_signature: tuple | None = None
         self._runs = 0
         self._signatures: set = set()
-        from dynnet_ros.swap.control import SwapControl  # budget policy: in memory or swapped blocks
-
-        self._swap = SwapControl(self, create_executor)
+        self._swap = SwapControl(BudgetModel(
+            proto=self.proto, backend=backend, threads=threads, layout=layout, weight_bytes=self.weight_bytes,
+            baseline_rss=self.baseline_rss, external_bytes=lambda: self.external_bytes,
+            create_executor=self._create_inmemory))
         try:
             self.set_memory_budget(memory_budget_mb)
         except ValueError:
             self.close()  # an executor built for the refused budget would outlive this engine
             raise
 
+    def _create_inmemory(self) -> Executor:
+        return create_executor(self.backend, self.proto, threads=self.threads, layout=self.layout)
+
+    def _shapes(self) -> dict[str, tuple[int, ...]] | None:
+        """The last input shapes run (budgets refer to the input size the engine last saw)."""
+        return None if self._last_signature is None else {name: tuple(shape) for name, shape in self._last_signature}
+
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Same semantics as ``InferenceSession.run(None, feeds)`` but keyed by output name."""
         checked = validate_feeds(self.inputs, feeds)
         signature = shape_signature(checked)
         with self._lock:
+            executor = self._executor
+            if executor is None:  # the constructor sets one or raises
+                raise RuntimeError("the engine has no executor")
             start = time.perf_counter()
-            outputs = self._executor.run(checked)
+            outputs = executor.run(checked)
             self._last_latency_ms = (time.perf_counter() - start) * 1e3
             self._last_signature = signature
-            self._swap.observe_run(self._last_latency_ms)  # calibrates the in-memory table level
+            self._swap.observe_run(self._last_latency_ms, signature)  # calibrates the in-memory table level
             self._signatures.add(signature)
             self._runs += 1
         return outputs
@@ -92,7 +162,12 @@ class Engine:
         """
         value = validate_budget_mb(mb)
         with self._lock:
-            self._executor = self._swap.apply(value, self._executor)  # ValueError: nothing changed
+            try:
+                self._executor = self._swap.apply(value, self._executor, in_force_mb=self._budget_mb,
+                                                  shapes=self._shapes())
+            except BudgetRefused as exc:  # the executor was replaced; the budget in force stays
+                self._executor = exc.executor
+                raise
             self._budget_mb = value
 
     def set_external_bytes(self, nbytes: int) -> None:
@@ -104,38 +179,38 @@ class Engine:
     def min_budget_mb(self) -> float:
         """Smallest budget this model can run in (largest block + activations + overhead)."""
         with self._lock:
-            return self._swap.min_budget_mb()
+            return self._swap.min_budget_mb(self._executor, self._shapes())
 
     def latency_table(self) -> list[tuple[float, float]]:
         """(budget MB, predicted latency ms) per precomputed budget level, increasing budget."""
         with self._lock:
-            return self._swap.latency_table()
+            return self._swap.latency_table(self._executor, self._shapes(), self._last_signature,
+                                            self._last_latency_ms)
 
     @property
     def memory_budget_mb(self) -> float | None:
         return self._budget_mb
 
-    def stats(self) -> dict:
-        return {
-            "backend": self.backend,
-            "executor": self._executor.name,
-            "last_latency_ms": self._last_latency_ms,
-            "shape_signature": None if self._last_signature is None
+    def engine_stats(self) -> EngineStats:
+        """Typed statistics: what the nodes and the budget manager read."""
+        executor = self._executor
+        return EngineStats(
+            backend=self.backend, executor=executor.name if executor is not None else "none",
+            last_latency_ms=self._last_latency_ms,
+            shape_signature=None if self._last_signature is None
             else {name: list(shape) for name, shape in self._last_signature},
-            "runs": self._runs,
-            "versions": {"onnxruntime": ort.__version__, "shape_signatures_seen": len(self._signatures)},
-            "arena_bytes": None,
-            "weight_bytes": self.weight_bytes,
-            "blocks": 1,
-            "memory_budget_mb": self._budget_mb,
-            **(self._executor.engine_stats() if hasattr(self._executor, "engine_stats") else {}),  # planned: arena, plans
-            **self._swap.stats(),
-        }
+            runs=self._runs, shape_signatures_seen=len(self._signatures), weight_bytes=self.weight_bytes,
+            memory_budget_mb=self._budget_mb,
+            executor_stats=executor.executor_stats() if executor is not None else ExecutorStats())
+
+    def stats(self) -> dict[str, Any]:
+        """The statistics as the dict DESIGN.md documents (diagnostics, JSON reports)."""
+        return self.engine_stats().as_dict()
 
     def close(self) -> None:
         with self._lock:
             if self._executor is not None:
-                self._executor.close()
+                self._executor.close()  # the streamed executor closes twice: idempotent
             self._swap.close()
 
     def __enter__(self) -> "Engine":

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Union
+from typing import Mapping, Sequence, Union
 
 import numpy as np
 import onnx
@@ -33,19 +33,25 @@ class InputSpec:
         return f"{self.name}: {self.dtype.name}[{', '.join(shown)}]"
 
 
-def load_model(model: ModelLike, *, check: bool = True) -> onnx.ModelProto:
-    """Return a checked ModelProto or raise ValueError saying what is wrong."""
+def load_model(model: ModelLike, *, check: bool = True, external_data: bool = True) -> onnx.ModelProto:
+    """Return a checked ModelProto or raise ValueError saying what is wrong.
+
+    ``external_data=False`` leaves weights stored beside the file unread (analyses that need
+    only the graph and the tensors' shapes).
+    """
     if isinstance(model, onnx.ModelProto):
         proto = model
         where = "<in-memory model>"
-    else:
+    elif isinstance(model, (str, os.PathLike)):
         where = os.fspath(model)
         if not os.path.isfile(where):
             raise ValueError(f"model file not found: {where}")
         try:
-            proto = onnx.load(where)
+            proto = onnx.load(where, load_external_data=external_data)
         except Exception as exc:  # protobuf DecodeError, truncated external data, ...
             raise ValueError(f"{where} is not a readable ONNX model: {exc}") from exc
+    else:
+        raise ValueError(f"expected an onnx.ModelProto or a path, got {type(model).__name__}")
     if check:
         try:
             if isinstance(model, onnx.ModelProto):
@@ -95,7 +101,7 @@ def weight_bytes(proto: onnx.ModelProto) -> int:
     return total
 
 
-def pin_input_dims(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
+def pin_input_dims(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto:
     """Set the named graph inputs' dims to concrete sizes, in place (for shape inference at one size)."""
     for value in model.graph.input:
         if value.name in shapes:

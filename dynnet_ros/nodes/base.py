@@ -5,15 +5,25 @@ for `ros2 param describe`) and one validator used both at startup and in the on-
 """
 from __future__ import annotations
 
+import gc
 import math
+import os
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import rclpy
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, ParameterType
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.executors import MultiThreadedExecutor
 from rclpy.node import Node
+from rclpy.signals import SignalHandlerOptions
+
+from dynnet_ros.nodes.stop_signal import StopRequested, StopSignal
+
+#: how long a callback still running at a stop signal (a model load, a re-plan) may take to finish
+CALLBACK_GRACE_S = 1.0
 
 _TYPES = {
     bool: ParameterType.PARAMETER_BOOL,
@@ -92,28 +102,55 @@ def declare(node: Node, specs: Iterable[ParamSpec]) -> dict[str, Any]:
     return values
 
 
+def _busy_threads(grace_s: float) -> list[str]:
+    """Names of non-daemon threads (a callback still running on an executor worker) that do not
+    end within ``grace_s``."""
+    deadline = time.monotonic() + grace_s
+    others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    for thread in others:
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    return [t.name for t in others if t.is_alive()]
+
+
 def run_node(factory: Callable[[], Node], args: list[str] | None = None) -> int:
-    """rclpy.init, spin until Ctrl-C/SIGTERM, clean shutdown without tracebacks.
+    """rclpy.init, spin until SIGINT/SIGTERM, then shut down in order; exit code 0 on a stop signal.
 
     Startup errors (bad parameters, a model that does not load) print one line and exit 1.
+    Shutdown order (stop_signal.py says why rclpy's signal handlers are not used): stop taking
+    work, close the node (its worker threads and engine), destroy it, shut the context down, give
+    a callback still running CALLBACK_GRACE_S to end, then exit without it.
     """
-    node = None
-    try:
-        with rclpy.init(args=args):
-            node = factory()
-            try:
-                # two threads: a slow parameter change (loading a model, re-planning a budget)
-                # does not stall the sensor callbacks that ModelNode puts in their own group
-                rclpy.spin(node, executor=MultiThreadedExecutor(num_threads=2))
-            finally:
-                close = getattr(node, "close", None)
-                if close is not None:
-                    close()
-                node.destroy_node()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        return 0
-    except ValueError as exc:
-        name = getattr(factory, "__name__", "node")
-        print(f"{name}: error: {exc}", file=sys.stderr, flush=True)
-        return 1
+    name = getattr(factory, "__name__", "node")
+    with StopSignal() as stop:
+        try:
+            with rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO):
+                with stop.starting():
+                    node = factory()
+                try:
+                    # two threads: a slow parameter change (loading a model, re-planning a budget)
+                    # does not stall the sensor callbacks that ModelNode puts in their own group
+                    executor = MultiThreadedExecutor(num_threads=2)
+                    executor.add_node(node)
+                    executor.spin_until_future_complete(stop.future)
+                    executor.shutdown(timeout_sec=0, wait_for_threads=False)  # idle workers end
+                finally:
+                    close = getattr(node, "close", None)
+                    if close is not None:
+                        close()
+                    node.destroy_node()
+        except StopRequested:
+            return 0
+        except ValueError as exc:
+            print(f"{name}: error: {exc}", file=sys.stderr, flush=True)
+            return 1
+    busy = _busy_threads(CALLBACK_GRACE_S)
+    if busy:
+        # they are not daemons (the executor's workers): a normal exit would wait for them
+        print(f"{name}: still running {CALLBACK_GRACE_S:.0f} s after the stop signal: {', '.join(busy)}; "
+              "exiting without them", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(0)
+    # Everything is closed: skip the interpreter's final garbage collection over the model's
+    # Python objects, which is most of a model node's exit time.
+    gc.freeze()
     return 0

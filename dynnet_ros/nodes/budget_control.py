@@ -7,10 +7,12 @@ a /diagnostics status. Everything runs on the node's executor thread, so no lock
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import Any
 
+from diagnostic_msgs.msg import DiagnosticStatus
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.node import Node
 from rclpy.parameter import Parameter
@@ -184,7 +186,7 @@ class BudgetController:
             self.node.get_logger().info(text)
             self._logged_push[name] = (old, mb)
         future = client.set_parameters([Parameter(BUDGET_PARAM, Parameter.Type.DOUBLE, float(mb))])
-        future.add_done_callback(lambda f, name=name, mb=mb: self._on_push_done(name, mb, f))
+        future.add_done_callback(functools.partial(self._on_push_done, name, mb))
 
     def _on_push_done(self, name: str, mb: float, future) -> None:
         now = self._now()
@@ -200,7 +202,7 @@ class BudgetController:
         self.planner.push_result(name, mb, result.successful, result.reason, now)
 
     # ------------------------------------------------------------------ reporting
-    def diagnostic_status(self):
+    def diagnostic_status(self) -> DiagnosticStatus:
         """One DiagnosticStatus for /diagnostics: the allocation and why it looks the way it does."""
         name = f"{self.node.get_name()}: allocation"
         hw = self.node.get_fully_qualified_name()

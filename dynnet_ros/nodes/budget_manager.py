@@ -18,8 +18,7 @@ from dynnet_ros.budget.monitors import snapshot
 from dynnet_ros.nodes import diagnostics as diag
 from dynnet_ros.nodes.base import ParamSpec, declare, run_node
 from dynnet_ros.nodes.budget_control import BudgetController
-
-MIB = 2**20
+from dynnet_ros.units import MB
 
 SPECS = [
     ParamSpec("period_s", 1.0, "Seconds between memory readings.", low=0.1, high=60.0),
@@ -51,27 +50,27 @@ class BudgetManager(Node):
         snap = snapshot(self._pids.values())
         values: dict = {
             "pid": os.getpid(),
-            "total_mb": snap.total_bytes / MIB,
-            "available_mb": snap.available_bytes / MIB,
-            "used_mb": snap.used_bytes / MIB,
-            "cgroup_limit_mb": "" if snap.cgroup_limit_bytes is None else snap.cgroup_limit_bytes / MIB,
-            "cgroup_current_mb": "" if snap.cgroup_current_bytes is None else snap.cgroup_current_bytes / MIB,
-            "effective_available_mb": snap.effective_available_bytes / MIB,
+            "total_mb": snap.total_bytes / MB,
+            "available_mb": snap.available_bytes / MB,
+            "used_mb": snap.used_bytes / MB,
+            "cgroup_limit_mb": "" if snap.cgroup_limit_bytes is None else snap.cgroup_limit_bytes / MB,
+            "cgroup_current_mb": "" if snap.cgroup_current_bytes is None else snap.cgroup_current_bytes / MB,
+            "effective_available_mb": snap.effective_available_bytes / MB,
         }
         gone = []
         for node, pid in sorted(self._pids.items()):
             if pid in snap.rss_bytes:
-                values[f"rss_mb.{node}"] = snap.rss_bytes[pid] / MIB
+                values[f"rss_mb.{node}"] = snap.rss_bytes[pid] / MB
             else:
                 gone.append(node)
         for node in gone:  # exited: forget it until it reports again
             del self._pids[node]
-        values["nodes_rss_total_mb"] = sum(snap.rss_bytes.values()) / MIB
+        values["nodes_rss_total_mb"] = sum(snap.rss_bytes.values()) / MB
         limit = snap.cgroup_limit_bytes or snap.total_bytes
         if snap.effective_available_bytes < self.params["warn_available_fraction"] * limit:
-            level, message = diag.WARN, f"low memory: {snap.effective_available_bytes / MIB:.0f} MiB available"
+            level, message = diag.WARN, f"low memory: {snap.effective_available_bytes / MB:.0f} MiB available"
         else:
-            level, message = diag.OK, f"{snap.effective_available_bytes / MIB:.0f} MiB available"
+            level, message = diag.OK, f"{snap.effective_available_bytes / MB:.0f} MiB available"
         status = diag.make_status(f"{self.get_name()}: memory", self.get_fully_qualified_name(), level, message,
                                   values)
         try:

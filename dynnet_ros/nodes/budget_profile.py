@@ -10,12 +10,15 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import Any, Callable
 
+import onnx
+from onnx import TensorProto, helper
 from rclpy.node import Node
 from std_msgs.msg import String
 
 from dynnet_ros.budget.profile import ProfileHold, engine_profile
 from dynnet_ros.budget.protocol import PROFILES_TOPIC, ModelProfile
-from dynnet_ros.budget.sources import ProcessMemory, process_memory
+from dynnet_ros.engine.memtrim import release_memory
+from dynnet_ros.engine.procmem import ProcessMemory, process_memory
 
 
 def memory_now() -> ProcessMemory:
@@ -27,23 +30,12 @@ def memory_now() -> ProcessMemory:
 def prewarm_runtime() -> None:
     """Load the model-independent library state a model load would otherwise bring along.
 
-    Why: a budget bounds what the process holds *for the model*; the engine's Python modules
-    (measured 3.7 MB) and onnx's operator-schema registry, built on the first checker / shape
-    inference call (7.1 MB), are the same for every model and stay after a model is closed, like
-    rclpy itself, so they belong to the reserve and load before the budget baseline is taken.
+    Why: a budget bounds what the process holds *for the model*; onnx's operator-schema
+    registry, built on the first checker / shape inference call, is the same for every model and
+    stays after a model is closed, like rclpy itself and the engine's modules (imported with this
+    module), so it belongs to the reserve and loads before the budget baseline is taken.
     onnxruntime's environment is *not* warmed here: the engine's overhead already counts it.
     """
-    import importlib
-
-    import onnx
-    from onnx import TensorProto, helper
-
-    from dynnet_ros.engine.memtrim import release_memory
-
-    for module in ("dynnet_ros.engine.backends.cpu", "dynnet_ros.engine.plan.loader", "dynnet_ros.swap.control",
-                   "dynnet_ros.swap.executor"):
-        importlib.import_module(module)
-
     value = helper.make_tensor_value_info
     model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "warm",
                                                 [value("x", TensorProto.FLOAT, [1])],
@@ -97,7 +89,7 @@ class ProfilePublisher:
             now = process_memory()
             fallback = self._latency() if self._latency is not None else None
             if fallback is None:
-                fallback = (engine.stats() or {}).get("last_latency_ms")
+                fallback = engine.engine_stats().last_latency_ms
             profile = engine_profile(self._node.get_fully_qualified_name(), engine, rss_mb=now.rss_mb,
                                      held_mb=max(0.0, now.rss_mb - self.baseline.rss_mb),
                                      anon_held_mb=max(0.0, now.anon_mb - self.baseline.anon_mb),

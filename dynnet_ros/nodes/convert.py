@@ -7,6 +7,7 @@ model nodes turn into an ERROR diagnostic.
 from __future__ import annotations
 
 import sys
+from typing import Literal
 
 import numpy as np
 from sensor_msgs.msg import Image, PointCloud2, PointField
@@ -112,12 +113,13 @@ _FIELD_DTYPES = {
     PointField.FLOAT32: np.float32, PointField.FLOAT64: np.float64,
 }
 
-XYZI_DTYPE = np.dtype([("x", np.float32), ("y", np.float32), ("z", np.float32), ("intensity", np.float32)])
+XYZI_FIELDS = ("x", "y", "z", "intensity")
+XYZI_DTYPE = np.dtype([(name, np.float32) for name in XYZI_FIELDS])
 
 
 def cloud_dtype(msg: PointCloud2) -> np.dtype:
     """numpy structured dtype of one point, from the message's fields."""
-    order = ">" if msg.is_bigendian else "<"
+    order: Literal["<", ">"] = ">" if msg.is_bigendian else "<"
     names, formats, offsets = [], [], []
     for f in msg.fields:
         if f.datatype not in _FIELD_DTYPES:
@@ -166,14 +168,14 @@ def xyzi_to_cloud(points: np.ndarray, header=None) -> PointCloud2:
     if pts.ndim != 2 or pts.shape[1] != 4:
         raise ValueError(f"points must be (N, 4) x, y, z, intensity, got shape {list(pts.shape)}")
     packed = np.empty(len(pts), dtype=XYZI_DTYPE)
-    for i, name in enumerate(XYZI_DTYPE.names):
+    for i, name in enumerate(XYZI_FIELDS):
         packed[name] = pts[:, i]
     msg = PointCloud2()
     if header is not None:
         msg.header = header
     msg.height, msg.width = 1, len(pts)
     msg.fields = [PointField(name=name, offset=4 * i, datatype=PointField.FLOAT32, count=1)
-                  for i, name in enumerate(XYZI_DTYPE.names)]
+                  for i, name in enumerate(XYZI_FIELDS)]
     msg.is_bigendian = _HOST_BIG_ENDIAN
     msg.point_step = XYZI_DTYPE.itemsize
     msg.row_step = msg.point_step * len(pts)

@@ -20,7 +20,7 @@ from dynnet_ros.nodes.base import ParamSpec, run_node
 from dynnet_ros.nodes.convert import array_to_image, cloud_to_xyzi
 from dynnet_ros.nodes.frame_memory import InputBuffer, to_source_lean
 from dynnet_ros.nodes.geometry import Letterbox, extrinsic_matrix, project_depth, transform_points
-from dynnet_ros.nodes.model_node import OUTPUT_QOS, FrameInfo, ModelNode
+from dynnet_ros.nodes.model_node import OUTPUT_QOS, FrameInfo, ModelInterface, ModelNode
 from dynnet_ros.nodes.scene import lidar_to_camera_xyzrpy
 
 
@@ -57,7 +57,7 @@ class DepthNode(ModelNode):
         self.create_subscription(PointCloud2, "lidar/points", self._on_cloud, qos_profile_sensor_data,
                                  callback_group=self.io_group)
 
-    def check_model(self, engine: Engine) -> None:
+    def check_model(self, engine: ModelInterface | Engine) -> None:
         names = {s.name for s in engine.inputs}
         if names != {"image", "lidar_depth"}:
             raise ValueError(f"model has inputs {sorted(names)}; a depth model needs ['image', 'lidar_depth']")
@@ -95,7 +95,10 @@ class DepthNode(ModelNode):
 
     def infer(self, msg: FrameInfo, image: np.ndarray, letterbox: Letterbox, engine: Engine) -> None:
         lidar = self._lidar_channel(msg, letterbox)
-        out = engine.run({"image": image, "lidar_depth": self._lidar_buffer.array})
+        lidar_input = self._lidar_buffer.array
+        if lidar_input is None:  # _lidar_channel() has sized the buffer for this frame
+            raise RuntimeError("LiDAR input buffer was not allocated")
+        out = engine.run({"image": image, "lidar_depth": lidar_input})
         depth = out.pop("depth")
         del out
         if depth.ndim != 4 or depth.shape[2:] != lidar.shape:

@@ -23,6 +23,7 @@ import numpy as np
 
 from dynnet_ros.nodes.convert import IMAGE_ENCODINGS
 from dynnet_ros.nodes.geometry import Letterbox, _axis_weights
+from dynnet_ros.units import to_mb
 
 #: Output rows per chunk when a frame is downscaled: bounds the resize temporaries to a few
 #: rows (~10 x CHUNK_ROWS x width x 4 bytes) instead of several full images.
@@ -155,7 +156,7 @@ class FrameBytes:
 
     @property
     def total_mb(self) -> float:
-        return self.total / 2**20
+        return to_mb(self.total)
 
 
 def frame_bytes(message_bytes: int, letterbox: Letterbox, *, input_channels: int = 3,

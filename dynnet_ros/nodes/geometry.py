@@ -12,7 +12,6 @@ from typing import Sequence
 
 import numpy as np
 
-
 # --------------------------------------------------------------------------- resizing / letterbox
 
 def _axis_weights(src: int, dst: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

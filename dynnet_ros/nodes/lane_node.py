@@ -14,7 +14,7 @@ from dynnet_ros.nodes.base import ParamSpec, run_node
 from dynnet_ros.nodes.convert import array_to_image
 from dynnet_ros.nodes.frame_memory import to_source_lean
 from dynnet_ros.nodes.geometry import Letterbox
-from dynnet_ros.nodes.model_node import OUTPUT_QOS, FrameInfo, ModelNode
+from dynnet_ros.nodes.model_node import OUTPUT_QOS, FrameInfo, ModelInterface, ModelNode
 
 
 class LaneNode(ModelNode):
@@ -31,7 +31,7 @@ class LaneNode(ModelNode):
         self.mask_pub = self.create_publisher(Image, "lane/mask", OUTPUT_QOS)
         self._lane_fraction = 0.0
 
-    def check_model(self, engine: Engine) -> None:
+    def check_model(self, engine: ModelInterface | Engine) -> None:
         names = sorted(s.name for s in engine.inputs)
         if names != ["image"] or "lane_prob" not in engine.outputs:
             raise ValueError(f"model has inputs {names} and outputs {engine.outputs}; a lane model takes 'image' "

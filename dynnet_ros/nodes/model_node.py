@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import psutil
 from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
@@ -32,14 +31,19 @@ from sensor_msgs.msg import CameraInfo, Image
 
 from dynnet_ros.engine import Engine
 from dynnet_ros.engine.backends import available_backends
+from dynnet_ros.engine.memtrim import release_memory
+from dynnet_ros.engine.model_io import input_specs, output_names
+from dynnet_ros.engine.plan.loader import load_skeleton
+from dynnet_ros.engine.procmem import process_memory
 from dynnet_ros.nodes import diagnostics as diag
 from dynnet_ros.nodes.base import ParamSpec, declare
 from dynnet_ros.nodes.budget_profile import ProfilePublisher, memory_now, prewarm_runtime
 from dynnet_ros.nodes.convert import image_to_array
-from dynnet_ros.engine.memtrim import release_memory
 from dynnet_ros.nodes.frame_memory import FrameBytes, InputBuffer, frame_bytes
 from dynnet_ros.nodes.geometry import Letterbox, plan_letterbox, validate_intrinsics
 from dynnet_ros.nodes.stats import FrameStats
+from dynnet_ros.units import from_mb, to_mb
+from dynnet_ros.zoo import ensure_model
 
 ENGINE_PARAMS = ("model_path", "backend", "threads")
 # Outputs: reliable (so RViz / `ros2 topic echo` defaults receive them, and best-effort
@@ -68,8 +72,6 @@ class ModelInterface:
 
 def model_interface(path: str) -> ModelInterface:
     """ValueError for a missing, unreadable or invalid model file (the same messages as Engine)."""
-    from dynnet_ros.engine.model_io import input_specs, output_names
-    from dynnet_ros.engine.plan.loader import load_skeleton
 
     proto = load_skeleton(path)
     return ModelInterface(input_specs(proto), output_names(proto))
@@ -157,7 +159,6 @@ class ModelNode(Node):
         self._last_input_shape: list[int] | None = None
         self._last_camera: tuple[int, int] | None = None
         self._camera_infos: dict[tuple[int, int], np.ndarray] = {}
-        self._process = psutil.Process(os.getpid())
 
         self.diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         # sensor callbacks and the diagnostics timer run beside the parameter services (see run_node)
@@ -202,8 +203,6 @@ class ModelNode(Node):
     def _load_engine(self, params: dict[str, Any]) -> Engine:
         path = params["model_path"]
         if not path:
-            from dynnet_ros.zoo import ensure_model
-
             path = str(ensure_model(self.task))
         threads = int(params["threads"]) or None
         # the task check first, on the graph alone: a wrong model is named as such, not as
@@ -236,13 +235,10 @@ class ModelNode(Node):
 
     def _apply_budget(self, engine: Engine, mb: float | None) -> None:
         """Change the engine's budget in place; a replaced executor's memory goes back to the OS."""
-        def executor_id(stats: dict) -> tuple:
-            return stats.get("executor"), (stats.get("swap") or {}).get("store")
-
-        before = executor_id(engine.stats())
+        before = engine.engine_stats().executor
         engine.set_memory_budget(mb)
         self._engine_budget_mb = mb
-        if executor_id(engine.stats()) != before:  # an executor was replaced (not just repartitioned)
+        if engine.engine_stats().executor != before:  # an executor was replaced (not just its window resized)
             release_memory()
 
     def _update_frame_memory(self, message_bytes: int, letterbox: Letterbox) -> None:
@@ -255,7 +251,8 @@ class ModelNode(Node):
         budget — the published profile already asks the manager for more.
         """
         now = time.monotonic()
-        self._message_sizes = [(t, b) for t, b in self._message_sizes if now - t <= MESSAGE_HOLD_S and b > message_bytes]
+        self._message_sizes = [(t, b) for t, b in self._message_sizes
+                               if now - t <= MESSAGE_HOLD_S and b > message_bytes]
         self._message_sizes.append((now, message_bytes))
         message_bytes = max(b for _, b in self._message_sizes)  # larger frames may still be in flight
         key = (message_bytes, letterbox)
@@ -265,9 +262,7 @@ class ModelNode(Node):
                 self.frame = self.frame_bytes(message_bytes, letterbox)
                 # frame buffers grown since the engine was created are in its measured RSS growth
                 # too; they are charged here, so the engine leaves them out
-                declare = getattr(self.engine, "set_external_bytes", None)
-                if declare is not None:
-                    declare(int((self.frame.total_mb - self._frame_mb_at_load) * 2**20))
+                self.engine.set_external_bytes(from_mb(self.frame.total_mb - self._frame_mb_at_load))
             node_mb = self.params["memory_budget_mb"]
             target = self._engine_budget(node_mb)
             self._last_refused, refused = None, self._last_refused
@@ -297,12 +292,12 @@ class ModelNode(Node):
             self._last_refused = state
 
     def _engine_over_budget(self) -> bool:
-        """The engine runs a partition predicted above its budget: the input size changed under
-        it (its "smallest partition" fallback). Setting the same budget again lets it re-plan for
-        the size it now runs, e.g. move to its leaner store variant."""
-        swap = self.engine.stats().get("swap") or {}
-        peak, budget = swap.get("predicted_peak_bytes"), swap.get("budget_bytes")
-        return bool(peak and budget and peak > budget + 1024)
+        """The engine's window is predicted above its budget: the input size changed under it.
+        Setting the same budget again lets it re-size the window for the size it now runs."""
+        window = self.engine.engine_stats().window
+        if window is None or window.budget_bytes is None:
+            return False
+        return window.predicted_peak_bytes > window.budget_bytes + 1024
 
     def _on_set_parameters(self, parameters) -> SetParametersResult:
         updates: dict[str, Any] = {}
@@ -340,7 +335,7 @@ class ModelNode(Node):
             if new_engine is not None:
                 old, self.engine = self.engine, new_engine
             self.params = merged
-        if old is not None:
+        if old is not None and new_engine is not None:
             old.close()  # load new -> swap -> close old: two engines only while switching
             release_memory()
             self.get_logger().info(f"switched to model {new_engine.model_path} ({merged['backend']})")
@@ -440,7 +435,8 @@ class ModelNode(Node):
 
     def publish_diagnostics(self) -> None:
         p50, p95 = self.stats.percentiles()
-        engine_stats = self.engine.stats()
+        typed = self.engine.engine_stats()
+        engine_stats = typed.as_dict()
         if self._last_error is not None:
             level, message = diag.ERROR, self._last_error
         elif not self.params["enabled"]:
@@ -456,14 +452,14 @@ class ModelNode(Node):
             "latency_p50_ms": p50,
             "latency_p95_ms": p95,
             "latency_last_ms": self.stats.last_ms,
-            "engine_latency_ms": engine_stats.get("last_latency_ms"),
+            "engine_latency_ms": typed.last_latency_ms,
             "input_shape": "x".join(map(str, self._last_input_shape)) if self._last_input_shape else "",
             "camera_resolution": f"{self._last_camera[0]}x{self._last_camera[1]}" if self._last_camera else "",
             "frames_received": self.stats.received,
             "frames_processed": self.stats.processed,
             "frames_dropped": self.stats.dropped,
             "frames_failed": self.stats.failed,
-            "rss_mb": self._process.memory_info().rss / 2**20,
+            "rss_mb": process_memory().rss_mb,
             "model_path": self.engine.model_path,
             "backend": self.params["backend"],
             "memory_budget_mb": self.params["memory_budget_mb"],
@@ -473,12 +469,11 @@ class ModelNode(Node):
         values.update(self.extra_diagnostics())
         values.update({f"engine.{k}": v for k, v in engine_stats.items()})
         # The model's budget is the node's share; the engine itself runs in it minus the frame buffers.
-        values["engine.model_budget_mb"] = engine_stats.get("memory_budget_mb")
+        values["engine.model_budget_mb"] = typed.memory_budget_mb
         values["engine.memory_budget_mb"] = self.params["memory_budget_mb"] or None
         values["frame_buffers_mb"] = self.frame.total_mb
         values["held_after_load_mb"] = self._held_after_load_mb
-        predicted = (engine_stats.get("swap") or {}).get("predicted_peak_bytes")
-        values["engine.predicted_peak_mb"] = None if predicted is None else predicted / 2**20
+        values["engine.predicted_peak_mb"] = None if typed.window is None else to_mb(typed.window.predicted_peak_bytes)
         status = diag.make_status(f"{self.get_name()}: {self.task} model", self.get_fully_qualified_name(),
                                   level, message, values)
         try:

@@ -19,7 +19,7 @@ from visualization_msgs.msg import Marker, MarkerArray
 from dynnet_ros.engine import Engine
 from dynnet_ros.nodes.base import ParamSpec, run_node
 from dynnet_ros.nodes.geometry import Letterbox
-from dynnet_ros.nodes.model_node import OUTPUT_QOS, FrameInfo, ModelNode
+from dynnet_ros.nodes.model_node import OUTPUT_QOS, FrameInfo, ModelInterface, ModelNode
 from dynnet_ros.nodes.scene import camera_matrix
 
 try:  # optional: not on PyPI as a wheel; present on robots with a system ROS 2
@@ -53,7 +53,7 @@ class PedestrianNode(ModelNode):
                                    "(markers on /pedestrian/markers still are)")
         self._last_count = 0
 
-    def check_model(self, engine: Engine) -> None:
+    def check_model(self, engine: ModelInterface | Engine) -> None:
         names = {s.name for s in engine.inputs}
         if not REQUIRED_INPUTS <= names:
             raise ValueError(f"model has inputs {sorted(names)}; a pedestrian model needs {sorted(REQUIRED_INPUTS)}")

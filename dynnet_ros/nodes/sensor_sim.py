@@ -11,14 +11,15 @@ import re
 import sys
 import time
 
-import psutil
 from diagnostic_msgs.msg import DiagnosticArray
+from rcl_interfaces.msg import SetParametersResult
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.node import Node
 from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import CameraInfo, Image, PointCloud2
 from std_msgs.msg import Header
 
+from dynnet_ros.engine.procmem import process_memory
 from dynnet_ros.nodes import diagnostics as diag
 from dynnet_ros.nodes import scene
 from dynnet_ros.nodes.base import ParamSpec, declare, run_node
@@ -79,14 +80,11 @@ class SensorSim(Node):
         self._frame = 0
         self._last_points = 0
         self._render_ms = 0.0
-        self._process = psutil.Process(os.getpid())
         self._timer = self.create_timer(1.0 / self.params["rate_hz"], self._tick)
         # own group (second executor thread): slow 1280x720 frames must not starve the 1 Hz status
         self.create_timer(1.0, self._publish_diagnostics, callback_group=MutuallyExclusiveCallbackGroup())
 
     def _on_set(self, parameters):
-        from rcl_interfaces.msg import SetParametersResult
-
         updates = {}
         for p in parameters:
             value = list(p.value) if p.name == "resolutions" else p.value
@@ -158,7 +156,7 @@ class SensorSim(Node):
             "encoding": self.params["encoding"],
             "lidar_points": self._last_points,
             "frame_time_ms": self._render_ms,
-            "rss_mb": self._process.memory_info().rss / 2**20,
+            "rss_mb": process_memory().rss_mb,
         }
         level, message = (diag.OK, "publishing") if self.params["enabled"] else (diag.OK, "disabled")
         status = diag.make_status(f"{self.get_name()}: sensor simulator", self.get_fully_qualified_name(),

@@ -1,6 +1,7 @@
-"""SwapNet block swapping: run a model inside a memory budget (see docs/swap.md).
+"""SwapNet weight streaming: run a model inside a memory budget (see docs/swap.md).
 
-blocks/graphinfo (cut points, costs) -> store (skeletons + aligned weights) -> swapin (O_DIRECT
-arena) -> assembly (sessions bound by reference) -> pipeline (prefetch) -> scheduler (DP + LUT)
--> executor/control (the Engine's memory-budget policy).  No ROS imports.
+weight_file (checksummed, 4 KiB-aligned weights; gemm_split cuts big FC weights) -> swapin
+(O_DIRECT reads into one anonymous region) -> residency (the window: read-ahead, pinning, drops)
+-> streamed (the planned engine over that region) -> control (the Engine's budget policy).
+No ROS imports.
 """

@@ -23,12 +23,14 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from dynnet_ros.swap.swapin import HostArena, WeightReader
+from dynnet_ros.units import MB
 
 LOG = logging.getLogger(__name__)
 PINNED = 1 << 62  # claim of a tensor that is never dropped
-READ_CHUNK = 2 * 2**20
+READ_CHUNK = 2 * MB
 READ_WORKERS = 2
 
 
@@ -59,7 +61,7 @@ class WindowStats:
 
     @property
     def read_mb_s(self) -> float | None:
-        return self.bytes_read / self.read_seconds / 2**20 if self.read_seconds > 0 else None
+        return self.bytes_read / self.read_seconds / MB if self.read_seconds > 0 else None
 
 
 class WeightWindow:
@@ -129,8 +131,8 @@ class WeightWindow:
     def set_allowance(self, allowance: int) -> None:
         """Resize the window between frames; drops what no longer fits at once."""
         if allowance < self.min_stream_bytes:
-            raise ValueError(f"weight allowance {allowance / 2**20:.1f} MB is below the "
-                             f"{self.min_stream_bytes / 2**20:.1f} MB one segment needs")
+            raise ValueError(f"weight allowance {allowance / MB:.1f} MB is below the "
+                             f"{self.min_stream_bytes / MB:.1f} MB one segment needs")
         with self._cond:
             pinned = self._choose_pinned(allowance)
             self._allowance = allowance
@@ -244,7 +246,7 @@ class WeightWindow:
             self._epoch += 1
             self._cond.notify_all()
 
-    def describe(self, needed: list[int] = ()) -> str:
+    def describe(self, needed: Sequence[int] = ()) -> str:
         return (f"frame {self._frame} running={self._running} cursor={self._pos}/{len(self.order)}@{self._pos_frame} "
                 f"resident={self._resident} allowance={self._allowance} blocked={self._blocked} "
                 f"needed={[(t.name, t.resident, t.loading, t.claim) for t in (self.tensors[i] for i in needed)]}")
@@ -262,6 +264,9 @@ class WeightWindow:
     def _reader_loop(self) -> None:
         with self._cond:
             while not self._closed:
+                if not self.order:  # a graph whose segments read no streamed weight: nothing to read
+                    self._cond.wait()
+                    continue
                 if self._pos >= len(self.order):
                     self._pos, self._pos_frame = 0, self._pos_frame + 1
                 tensor = self.tensors[self.order[self._pos]]

@@ -1,10 +1,10 @@
 """The planned engine with its weights swapped: same segments, same arena, weights streamed.
 
-Why this and not per-block sessions: the planned engine already holds activations in one
-planned arena (0.30-0.56x onnxruntime's peak). Swapping *its* weights keeps that; only the
-weight bytes change, so a budget of "in-memory peak - 75 % of the weights" leaves exactly 25 %
-of the weights' room for the window. Per-block sessions (swap/executor.py) pay a runtime floor
-of their own and re-fault activations every frame.
+Why the planned engine's own weights: it already holds activations in one planned arena, and
+swapping only its weights keeps that, so a budget of "in-memory peak - 75 % of the weights"
+leaves exactly 25 % of the weights' room for the window. The same window runs over either
+layout the planned engine uses: onnxruntime's blocked (NCHWc) rewrite where the CPU has those
+kernels, the model as given elsewhere (ARM, models without convolutions).
 
 How (SwapNet §4-5 on CPU):
 * weights: swap/weight_file.py writes them 4 KiB-aligned (large FC weights split by columns);
@@ -25,25 +25,34 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import helper
 
-from dynnet_ros.swap.residency import WeightWindow
+from dynnet_ros.engine.backends.base import ExecutorStats, WindowStats
+from dynnet_ros.engine.memtrim import release_memory
+from dynnet_ros.engine.plan.executor import PlannedExecutor
 from dynnet_ros.engine.plan.graph import all_graphs
+from dynnet_ros.engine.plan.layout import laid_out_skeleton
+from dynnet_ros.engine.plan.loader import load_skeleton, source_path
+from dynnet_ros.engine.plan.model_check import file_digest
+from dynnet_ros.engine.plan.options import PlannerOptions, plan_profile
+from dynnet_ros.swap.residency import WeightWindow
 from dynnet_ros.swap.swapin import HostArena, WeightReader, arena_layout, huge_pages_available
-from dynnet_ros.swap.weight_file import WeightFile, ensure_weight_file
+from dynnet_ros.swap.weight_file import LAYOUTS, WeightFile, ensure_weight_file
+from dynnet_ros.units import MB
 
 LOG = logging.getLogger(__name__)
-MB = 2**20
 #: split FC weights to at most this fraction of all weights (a 25 % budget holds two pieces)
 SPLIT_FRACTION = 1 / 8
-MIN_SPLIT_BYTES = 2**20
+MIN_SPLIT_BYTES = MB
 #: what one segment's onnxruntime temporaries may add between two RSS samples (see docs/swap.md)
 TRANSIENT_BYTES = 256 * 1024
 MARGIN_FRACTION = 0.005
@@ -58,17 +67,36 @@ PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 DEFAULT_READ_MB_S = 800.0  # O_DIRECT read rate on this class of VM (dd, 4 MiB blocks)
 
 
-def prepare_weight_file(model: onnx.ModelProto, store_root: str | os.PathLike | None = None
-                        ) -> tuple[WeightFile, str | None]:
-    """The verified weight file of ``model``'s blocked layout (built if missing), and why it was
-    rebuilt (None if it was current). ValueError where the model has no blocked layout."""
-    from dynnet_ros.engine.plan.layout import laid_out_skeleton
+def prepare_weight_file(model: onnx.ModelProto, layout: str = "nchwc",
+                        store_root: str | os.PathLike | None = None) -> tuple[WeightFile, str | None]:
+    """The verified weight file of ``model`` (built if missing), and why it was rebuilt (None if
+    it was current).
 
-    laid_skeleton, laid = laid_out_skeleton(model)
-    total = sum(int(np.prod(t.dims, dtype=np.int64)) * 4 for g in all_graphs(laid_skeleton.graph)
-                for t in g.initializer)
-    del laid_skeleton
-    return ensure_weight_file(laid.path, split_bytes=split_bytes_for(total), root=store_root)
+    ``layout="nchwc"``: the weights of onnxruntime's blocked-layout rewrite where this CPU has its
+    kernels, else (ARM, a model without convolutions, a rewrite that fails) of the model as
+    given; ``"as-given"``: always the model as given. ``model`` is a skeleton from
+    ``load_skeleton`` or a full in-memory model (written to a temporary file for the build)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r} ({' | '.join(LAYOUTS)})")
+    if layout == "nchwc":
+        try:
+            laid_skeleton, laid = laid_out_skeleton(model)
+        except (ValueError, OSError, subprocess.SubprocessError) as exc:
+            LOG.info("NCHWc layout not used for this model (%s); streaming the model as given", exc)
+        else:
+            total = sum(int(np.prod(t.dims, dtype=np.int64)) * 4 for g in all_graphs(laid_skeleton.graph)
+                        for t in g.initializer)
+            del laid_skeleton
+            return ensure_weight_file(laid.path, source_key=laid.path.parent.name, layout="nchwc",
+                                      split_bytes=split_bytes_for(total), root=store_root)
+    total = sum(int(np.prod(t.dims, dtype=np.int64)) * 4 for g in all_graphs(model.graph) for t in g.initializer)
+    source = source_path(model)
+    with tempfile.TemporaryDirectory() as work:
+        if source is None:
+            source = os.path.join(work, "model.onnx")
+            onnx.save(model, source)
+        return ensure_weight_file(source, source_key=file_digest(source), layout="as-given",
+                                  split_bytes=split_bytes_for(total), root=store_root)
 
 
 def split_bytes_for(weight_bytes: int) -> int:
@@ -76,15 +104,10 @@ def split_bytes_for(weight_bytes: int) -> int:
     return max(MIN_SPLIT_BYTES, int(weight_bytes * SPLIT_FRACTION))
 
 
-def prepare(path: str | os.PathLike) -> WeightFile | None:
+def prepare(path: str | os.PathLike, layout: str = "nchwc") -> WeightFile:
     """Build ``path``'s weight file ahead of serving (``dynnet zoo build``, ``dynnet swap
-    prepare``); None where the model has no blocked layout (it then swaps per-block sessions)."""
-    from dynnet_ros.engine.plan.loader import load_skeleton
-
-    try:
-        return prepare_weight_file(load_skeleton(path))[0]
-    except ValueError:
-        return None
+    prepare``). ValueError for a model that cannot be loaded."""
+    return prepare_weight_file(load_skeleton(path), layout)[0]
 
 
 def rss_bytes(fd: int) -> int:
@@ -116,24 +139,24 @@ class Footprint:
 
 
 class StreamedExecutor:
-    """Executor (see backends.base) running the planned engine with swapped weights."""
+    """BudgetedExecutor (see backends.base): the planned engine with its weights streamed."""
 
     name = "swap"
 
     def __init__(self, model: onnx.ModelProto, *, threads: int | None = None, baseline_rss: int | None = None,
-                 store_root: str | os.PathLike | None = None, weights: WeightFile | None = None,
+                 store_root: str | os.PathLike | None = None, layout: str = "nchwc",
+                 weights: WeightFile | None = None, rebuilt_reason: str | None = None,
                  external_bytes: Callable[[], int] = lambda: 0) -> None:
         """``baseline_rss``: RSS before the model was loaded (budgets bound the growth since);
-        ``weights``: the model's verified weight file if the caller has it (else found or built);
+        ``layout``: see ``prepare_weight_file``; ``weights``: the model's verified weight file if
+        the caller has it (else found or built), and ``rebuilt_reason`` why it was rebuilt;
         ``external_bytes``: what the caller allocated since and charges to itself."""
-        from dynnet_ros.engine.backends.cpu_planned import plan_profile
-        from dynnet_ros.engine.plan.executor import PlannedExecutor, PlannerOptions
         self._external = external_bytes
         self._statm = os.open("/proc/self/statm", os.O_RDONLY)
         self.baseline = baseline_rss if baseline_rss is not None else rss_bytes(self._statm)
         before_build = rss_bytes(self._statm)
-        self.file, self.rebuilt_reason = (weights, None) if weights is not None else \
-            prepare_weight_file(model, store_root)
+        self.file, self.rebuilt_reason = (weights, rebuilt_reason) if weights is not None else \
+            prepare_weight_file(model, layout, store_root)
         self.split_bytes = int(self.file.index["split_bytes"])
         graph = self.file.graph()
         # big tensors' whole 2 MiB units in huge pages (direct reads 2-3x cheaper than into 4 KiB
@@ -146,9 +169,15 @@ class StreamedExecutor:
         self.region.advise_spans(offsets, [t.span for t in tensors])
         self.reader = WeightReader(self.file.weights_path)
         self._values = self._views(graph)
-        options = PlannerOptions(threads=threads, optimization_level="basic", nchwc_max_bytes=0, layout="nchwc",
-                                 versions=False, shared_weights=self._values,
-                                 max_segment_weight_bytes=self.split_bytes, **plan_profile())
+        # Rewrites that fold weights (BatchNormalization into a convolution, onnxruntime's
+        # fusions, NCHWc reorders) would make new tensors the sessions own, outside the window:
+        # the blocked graph has onnxruntime's full rewrite baked in already, so its segments run
+        # at the basic level; the model as given runs unoptimised, its BatchNormalizations as ops.
+        blocked = self.file.layout == "nchwc"
+        options = PlannerOptions(threads=threads, optimization_level="basic" if blocked else "disabled",
+                                 fold_weights=blocked, nchwc_max_bytes=0, layout=self.file.layout, versions=False,
+                                 shared_weights=self._values, max_segment_weight_bytes=self.split_bytes,
+                                 **plan_profile())
         self.planned = PlannedExecutor(graph, options)
         spans = {name: (t.offset, t.span, self.places[name]) for name, t in self.file.tensors.items()}
         self.window = WeightWindow(self.region, self.reader, spans, self.planned.segment_weight_names())
@@ -164,6 +193,9 @@ class StreamedExecutor:
         self._compute_ms: float | None = None
 
     def _views(self, graph: onnx.ModelProto) -> dict[str, ort.OrtValue]:
+        arena = self.region.array
+        if arena is None:
+            raise RuntimeError("the weight arena is closed")
         values = {}
         for g in all_graphs(graph.graph):
             for tensor in g.initializer:
@@ -172,16 +204,14 @@ class StreamedExecutor:
                     continue
                 dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
                 where = self.places[tensor.name]
-                view = self.region.array[where:where + entry.nbytes].view(dtype).reshape(tuple(tensor.dims))
+                view = arena[where:where + entry.nbytes].view(dtype).reshape(tuple(tensor.dims))
                 values[tensor.name] = ort.OrtValue.ortvalue_from_numpy(view)
         return values
 
-    def calibrate(self, shapes: dict[str, tuple[int, ...]]) -> None:
+    def calibrate(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
         """Run one frame of zeros at ``shapes`` through the smallest window, so the footprint
         without weights is measured (arena at that size, sessions' first-run allocations)
         before any budget is judged against it."""
-        from dynnet_ros.engine.memtrim import release_memory
-
         graph = self.planned.graph
         feeds = {name: np.zeros(shape, dtype=helper.tensor_dtype_to_np_dtype(graph.elem_types[name]))
                  for name, shape in shapes.items()}
@@ -308,23 +338,26 @@ class StreamedExecutor:
                 rows.append((float(budget) / MB, ms))
         return rows
 
-    def engine_stats(self) -> dict:
+    def arena_bytes_at(self, shapes) -> int | None:
+        return self.planned.arena_bytes_at(shapes)
+
+    def executor_stats(self) -> ExecutorStats:
         stats = self.window.stats
-        return {**self.planned.engine_stats(),
-                "blocks": sum(1 for names in self.window.needed if names),
-                "resident_weight_bytes": self.window.resident_bytes,
-                "swap": {"mode": "stream", "store": str(self.file.directory), "weight_bytes": self.file.weight_bytes,
-                         "weight_span_bytes": self.weight_span, "allowance_bytes": self.window.allowance,
-                         "pinned_bytes": self.window.pinned_bytes, "resident_weight_bytes": self.window.resident_bytes,
-                         "peak_resident_bytes": stats.peak_resident,
-                         "nonweight_bytes": self.footprint().nonweight, "min_budget_mb": self.min_budget_bytes() / MB,
-                         "budget_mb": None if self._budget is None else self._budget / MB,
-                         "budget_bytes": self._budget,
-                         "predicted_peak_bytes": self.footprint().nonweight + self.window.allowance,
-                         "io_mode": self.reader.mode.value, "frames": stats.frames,
-                         "last_frame_read_mb": stats.last_frame_read / MB,
-                         "last_frame_stall_ms": stats.last_frame_stall_ms, "read_mb_s": stats.read_mb_s,
-                         "split_bytes": self.split_bytes, "rebuilt_reason": self.rebuilt_reason}}
+        footprint = self.footprint()
+        planned = self.planned.executor_stats()
+        window = WindowStats(
+            layout=self.file.layout, store=str(self.file.directory), weight_bytes=self.file.weight_bytes,
+            weight_span_bytes=self.weight_span, allowance_bytes=self.window.allowance,
+            pinned_bytes=self.window.pinned_bytes, resident_weight_bytes=self.window.resident_bytes,
+            peak_resident_bytes=stats.peak_resident, nonweight_bytes=footprint.nonweight,
+            min_budget_bytes=self.min_budget_bytes(), budget_bytes=self._budget,
+            predicted_peak_bytes=footprint.nonweight + self.window.allowance, io_mode=self.reader.mode.value,
+            frames=stats.frames, last_frame_read_bytes=stats.last_frame_read,
+            last_frame_stall_ms=stats.last_frame_stall_ms, read_mb_s=stats.read_mb_s,
+            split_bytes=self.split_bytes, rebuilt_reason=self.rebuilt_reason)
+        return ExecutorStats(arena_bytes=planned.arena_bytes, blocks=sum(1 for names in self.window.needed if names),
+                             resident_weight_bytes=self.window.resident_bytes, window=window,
+                             details=planned.details)
 
     def close(self) -> None:
         """Idempotent (the Engine closes its executor and its swap control, here the same object)."""

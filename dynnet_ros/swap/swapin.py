@@ -6,10 +6,6 @@ page-aligned anonymous memory; where the filesystem refuses direct I/O (some tmp
 setups) we fall back to ``pread`` followed by ``posix_fadvise(DONTNEED)`` so the cached copy is
 dropped at once.  Swap-out is ``madvise(MADV_DONTNEED)``: weights never change, so nothing is
 written back, and the pages return to the OS immediately.
-
-On Jetson-class devices (integrated GPU, unified memory) the arena should instead be CUDA
-mapped pinned memory the GPU reads in place; ``decide_arena_kind`` makes that choice and
-``CudaMappedArena`` implements it where pycuda is present.
 """
 from __future__ import annotations
 
@@ -17,11 +13,12 @@ import errno
 import mmap
 import os
 import threading
-from dataclasses import dataclass
 from enum import Enum
 from typing import Callable
 
 import numpy as np
+
+from dynnet_ros.units import MB
 
 ALIGN = 4096
 
@@ -42,7 +39,7 @@ def decide_io_mode(*, prefer_direct: bool, direct_open_ok: bool, direct_read_ok:
     return IoMode.BUFFERED
 
 
-HUGE_PAGE = 2 << 20
+HUGE_PAGE = 2 * MB
 
 
 def huge_pages_available() -> bool:
@@ -70,42 +67,6 @@ def arena_layout(spans: list[int], huge_pages: bool) -> tuple[list[int], int]:
     return offsets, align_up(max(cursor, ALIGN), unit)
 
 
-def resident_bytes(span: int, huge_pages: bool) -> int:
-    """What a resident span adds to RSS: its huge-page body plus its tail in 4 KiB pages
-    (``HostArena.advise_spans`` keeps the tail out of huge pages)."""
-    if not span:
-        return 0
-    if not huge_pages:
-        return align_up(span)
-    body = span // HUGE_PAGE * HUGE_PAGE
-    return body + align_up(span - body)
-
-
-def huge_page_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An uninitialised array whose whole 2 MiB units are transparent huge pages (the tail is
-    4 KiB pages, so RSS grows by exactly its bytes, as with malloc).
-
-    Why: activations go back to the OS after their last reader (the budget counts RSS), so the
-    next frame faults them in again; a 4 KiB fault costs ~0.6 us per KiB on the development VM,
-    a huge-page fault about a fifth of that.  Arrays below 2 MiB come from ``np.empty``.
-    """
-    dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize if shape else dtype.itemsize
-    if nbytes < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return np.empty(shape, dtype)
-    size = align_up(nbytes)
-    # virtual slack only (never touched): room to start on a 2 MiB boundary
-    region = mmap.mmap(-1, align_up(size, HUGE_PAGE) + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
-                       prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    whole = np.frombuffer(region, dtype=np.uint8)
-    base = (-whole.ctypes.data) % HUGE_PAGE
-    body = size // HUGE_PAGE * HUGE_PAGE
-    region.madvise(mmap.MADV_HUGEPAGE, base, body)
-    if size > body and hasattr(mmap, "MADV_NOHUGEPAGE"):
-        region.madvise(mmap.MADV_NOHUGEPAGE, base + body, HUGE_PAGE)
-    return whole[base:base + nbytes].view(dtype).reshape(shape)
-
-
 class HostArena:
     """Page-aligned private anonymous memory; regions become resident only while swapped in.
 
@@ -127,7 +88,8 @@ class HostArena:
         if huge_pages and hasattr(mmap, "MADV_HUGEPAGE"):
             self._map.madvise(mmap.MADV_HUGEPAGE, self._base, self.size)
         self._view = memoryview(self._map)[self._base:self._base + self.size]
-        self.array = np.frombuffer(self._view, dtype=np.uint8)
+        #: the arena as bytes; None once closed (a live view would keep the mapping open)
+        self.array: np.ndarray | None = np.frombuffer(self._view, dtype=np.uint8)
 
     def view(self, offset: int, nbytes: int) -> memoryview:
         return self._view[offset:offset + nbytes]
@@ -172,15 +134,16 @@ class WeightReader:
                  opener: Callable[[str, int], int] = os.open) -> None:
         self.path = os.fspath(path)
         self._lock = threading.Lock()
-        self._buffered_fd = opener(self.path, os.O_RDONLY)
+        self._buffered_fd: int | None = opener(self.path, os.O_RDONLY)
         self._direct_fd: int | None = None
         direct_open_ok = direct_read_ok = False
         self.reason = "direct I/O not requested"
         if prefer_direct and hasattr(os, "O_DIRECT"):
             try:
-                self._direct_fd = opener(self.path, os.O_RDONLY | os.O_DIRECT)
+                direct_fd = opener(self.path, os.O_RDONLY | os.O_DIRECT)
+                self._direct_fd = direct_fd
                 direct_open_ok = True
-                direct_read_ok = self._probe()
+                direct_read_ok = self._probe(direct_fd)
                 self.reason = "ok" if direct_read_ok else "aligned probe read failed (EINVAL)"
             except OSError as exc:
                 self.reason = f"open(O_DIRECT) failed: {exc.strerror}"
@@ -190,10 +153,11 @@ class WeightReader:
             os.close(self._direct_fd)
             self._direct_fd = None
 
-    def _probe(self) -> bool:
+    @staticmethod
+    def _probe(direct_fd: int) -> bool:
         scratch = mmap.mmap(-1, ALIGN, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         try:
-            os.preadv(self._direct_fd, [memoryview(scratch)], 0)
+            os.preadv(direct_fd, [memoryview(scratch)], 0)
             return True
         except OSError as exc:
             if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP):
@@ -205,16 +169,21 @@ class WeightReader:
     def read_into(self, view: memoryview, offset: int) -> int:
         """Fill ``view`` (page-aligned, length a multiple of 4096 for direct I/O) from ``offset``."""
         total = len(view)
+        direct_fd, buffered_fd = self._direct_fd, self._buffered_fd
+        if buffered_fd is None:
+            raise ValueError(f"read from a closed WeightReader of {self.path}")
         if self.mode is IoMode.DIRECT:
+            if direct_fd is None:  # DIRECT mode keeps its descriptor until close()
+                raise RuntimeError(f"WeightReader of {self.path} is in direct mode without a direct descriptor")
             try:
-                return self._read_all(self._direct_fd, view, offset)
+                return self._read_all(direct_fd, view, offset)
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
                 with self._lock:  # the filesystem changed its mind: fall back for good
                     self.mode, self.reason = IoMode.BUFFERED, f"pread(O_DIRECT) failed: {exc.strerror}"
-        done = self._read_all(self._buffered_fd, view, offset)
-        os.posix_fadvise(self._buffered_fd, offset, total, os.POSIX_FADV_DONTNEED)
+        done = self._read_all(buffered_fd, view, offset)
+        os.posix_fadvise(buffered_fd, offset, total, os.POSIX_FADV_DONTNEED)
         return done
 
     @staticmethod
@@ -234,90 +203,3 @@ class WeightReader:
                 os.close(fd)
         self._direct_fd = None
         self._buffered_fd = None
-
-
-# --------------------------------------------------------------------------------------- CUDA
-@dataclass(frozen=True)
-class CudaInfo:
-    available: bool
-    integrated: bool = False
-    can_map_host: bool = False
-    library: str | None = None
-    reason: str = ""
-
-
-class ArenaKind(str, Enum):
-    HOST = "host"                  # CPU execution: private anonymous pages + O_DIRECT
-    CUDA_MAPPED = "cuda-mapped"    # integrated GPU (Jetson): pinned, mapped; GPU reads in place
-    CUDA_PINNED = "cuda-pinned"    # discrete GPU: pinned staging, one DMA copy to device memory
-
-
-def decide_arena_kind(backend: str, cuda: CudaInfo) -> ArenaKind:
-    """SwapNet's unified-addressing rule: only a GPU that shares host memory and can map pinned
-    pages avoids the CPU->GPU copy; CPU execution never needs CUDA memory."""
-    if backend not in ("tensorrt", "cuda") or not cuda.available:
-        return ArenaKind.HOST
-    if cuda.integrated and cuda.can_map_host:
-        return ArenaKind.CUDA_MAPPED
-    return ArenaKind.CUDA_PINNED
-
-
-def probe_cuda() -> CudaInfo:
-    """What the CUDA runtime says about device 0 (pycuda first, then cuda-python)."""
-    try:
-        import pycuda.driver as cuda  # type: ignore[import-not-found]
-
-        cuda.init()
-        device = cuda.Device(0)
-        attrs = device.get_attributes()
-        return CudaInfo(True, bool(attrs.get(cuda.device_attribute.INTEGRATED, 0)),
-                        bool(attrs.get(cuda.device_attribute.CAN_MAP_HOST_MEMORY, 0)), "pycuda")
-    except ImportError:
-        pass
-    except Exception as exc:  # driver present but no device, etc.
-        return CudaInfo(False, reason=f"pycuda: {exc}")
-    try:
-        from cuda.bindings import runtime as cudart  # type: ignore[import-not-found]
-
-        err, integrated = cudart.cudaDeviceGetAttribute(cudart.cudaDeviceAttr.cudaDevAttrIntegrated, 0)
-        if int(err) != 0:
-            return CudaInfo(False, library="cuda-python", reason=f"cudaDeviceGetAttribute error {int(err)}")
-        _, can_map = cudart.cudaDeviceGetAttribute(cudart.cudaDeviceAttr.cudaDevAttrCanMapHostMemory, 0)
-        return CudaInfo(True, bool(integrated), bool(can_map), "cuda-python")
-    except ImportError:
-        return CudaInfo(False, reason="neither pycuda nor cuda-python is importable")
-    except Exception as exc:
-        return CudaInfo(False, reason=f"cuda-python: {exc}")
-
-
-class CudaMappedArena:
-    """Pinned, device-mapped host buffers allocated per swap-in and freed at swap-out.
-
-    Pinned pages cannot be given back piecemeal with madvise, so unlike HostArena this arena
-    allocates a buffer per resident block; the GPU reads it through its device pointer.
-    """
-
-    kind = "cuda-mapped"
-
-    def __init__(self) -> None:
-        import pycuda.autoinit  # noqa: F401  (creates the context)
-        import pycuda.driver as cuda
-
-        self._cuda = cuda
-        self._buffers: dict[int, np.ndarray] = {}
-
-    def acquire(self, key: int, nbytes: int) -> tuple[np.ndarray, int]:
-        """(host array, device pointer) of a fresh mapped buffer for ``key``."""
-        flags = self._cuda.host_alloc_flags.DEVICEMAP
-        host = self._cuda.pagelocked_empty(align_up(nbytes), np.uint8, mem_flags=flags)
-        self._buffers[key] = host
-        return host, int(host.base.get_device_pointer())
-
-    def release(self, key: int) -> None:
-        buffer = self._buffers.pop(key, None)
-        if buffer is not None:
-            buffer.base.free()
-
-    def close(self) -> None:
-        for key in list(self._buffers):
-            self.release(key)

@@ -1,13 +1,14 @@
 """The weight file of a streamed model: every parameter of the planned graph, 4 KiB-aligned.
 
-The planned engine runs onnxruntime's blocked-layout rewrite of a model (engine/plan/layout.py).
-For swapping, its weights are copied once into ``weights.bin`` with each tensor at a 4 KiB
-boundary, so a tensor can be read straight into its place in memory with ``O_DIRECT`` (no page
-cache copy). Fully-connected weights above ``split_bytes`` are split by output columns first
+The planned engine runs a model in one of two layouts: onnxruntime's blocked-layout rewrite
+(engine/plan/layout.py) where this CPU has the kernels for it, else the model as given. For
+swapping, the weights of that graph are copied once into ``weights.bin`` with each tensor at a
+4 KiB boundary, so a tensor can be read straight into its place in memory with ``O_DIRECT`` (no
+page cache copy). Fully-connected weights above ``split_bytes`` are split by output columns first
 (swap/gemm_split.py). The graph is kept as ``graph.onnx`` whose initializers reference the file.
 
-``index.json`` records format, version, the source layout, per-tensor offset/length/CRC-32 and
-the file size. Opening checks all of it; a truncated or modified file, or an index from another
+``index.json`` records format, version, the layout and its source, per-tensor offset/length/CRC-32
+and the file size. Opening checks all of it; a truncated or modified file, or an index from another
 version, raises ``StoreError`` and ``ensure_weight_file`` rebuilds it — never used silently.
 """
 from __future__ import annotations
@@ -29,17 +30,28 @@ from onnx import numpy_helper
 
 from dynnet_ros.engine.plan.graph import all_graphs
 from dynnet_ros.engine.plan.loader import EXTERNAL_DIR_KEY, read_external, skeleton_proto
+from dynnet_ros.settings import settings
 from dynnet_ros.swap.gemm_split import split_large_gemms
-from dynnet_ros.swap.store import StoreError
 from dynnet_ros.swap.swapin import ALIGN, HostArena, WeightReader, align_up
+from dynnet_ros.units import MB
 
 FORMAT = "dynnet-stream-weights"
-VERSION = 1
+VERSION = 2
+LAYOUTS = ("nchwc", "as-given")
 WEIGHTS_FILE = "weights.bin"
 GRAPH_FILE = "graph.onnx"
 INDEX_FILE = "index.json"
 _MIN_BYTES = 1024  # smaller initializers stay embedded in the graph (shape constants, biases of tiny layers)
-_CHUNK = 4 * 2**20
+_CHUNK = 4 * MB
+
+
+class StoreError(Exception):
+    """The weight file is missing, stale or corrupt; ``reason`` says which."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"weight file {path}: {reason}")
+        self.path = path
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -67,11 +79,18 @@ class WeightFile:
         if self.index.get("format") != FORMAT or self.index.get("version") != VERSION:
             raise StoreError(self.directory, f"index is {self.index.get('format')} v{self.index.get('version')}, "
                              f"expected {FORMAT} v{VERSION}")
+        if self.index.get("layout") not in LAYOUTS:
+            raise StoreError(self.directory, f"unknown layout {self.index.get('layout')!r}")
         self.tensors = {t["name"]: StreamTensor(t["name"], int(t["offset"]), int(t["nbytes"]), int(t["crc32"]))
                         for t in self.index["tensors"]}
         self.size = int(self.index["size"])
         self.weights_path = self.directory / WEIGHTS_FILE
         self.graph_path = self.directory / GRAPH_FILE
+
+    @property
+    def layout(self) -> str:
+        """The layout of ``graph.onnx``: "nchwc" (onnxruntime's blocked rewrite) or "as-given"."""
+        return str(self.index["layout"])
 
     @property
     def weight_bytes(self) -> int:
@@ -126,8 +145,10 @@ def _is_weight(tensor: onnx.TensorProto) -> bool:
     return int(np.prod(tensor.dims, dtype=np.int64)) * 4 >= _MIN_BYTES
 
 
-def build(laid_out_path: str | os.PathLike, directory: str | os.PathLike, *, split_bytes: int) -> WeightFile:
-    """Write the weight file for ``laid_out_path`` into ``directory`` (atomically replaced)."""
+def build(laid_out_path: str | os.PathLike, directory: str | os.PathLike, *, split_bytes: int,
+          layout: str) -> WeightFile:
+    """Write the weight file of the model file ``laid_out_path`` (in ``layout``) into ``directory``
+    (atomically replaced)."""
     laid_out_path = Path(laid_out_path)
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
@@ -161,7 +182,7 @@ def build(laid_out_path: str | os.PathLike, directory: str | os.PathLike, *, spl
         cache.clear()
         model.metadata_props.clear()  # the laid-out file's location; the graph now lives here
         onnx.save(model, str(work / GRAPH_FILE))
-        index = {"format": FORMAT, "version": VERSION, "source": laid_out_path.parent.name,
+        index = {"format": FORMAT, "version": VERSION, "layout": layout, "source": str(laid_out_path),
                  "split_bytes": int(split_bytes), "size": size, "tensors": entries}
         (work / INDEX_FILE).write_text(json.dumps(index, indent=1))
         if directory.exists():
@@ -206,15 +227,18 @@ def _point_at_file(tensor: onnx.TensorProto, offset: int, nbytes: int) -> None:
 
 
 def default_root() -> Path:
-    root = os.environ.get("DYNNET_SWAP_DIR")
-    return Path(root) if root else Path.home() / ".cache" / "dynnet_ros" / "swap"
+    return settings().cache.swap_dir
 
 
-def ensure_weight_file(laid_out_path: str | os.PathLike, *, split_bytes: int,
+def ensure_weight_file(laid_out_path: str | os.PathLike, *, source_key: str, layout: str, split_bytes: int,
                        root: str | os.PathLike | None = None) -> tuple[WeightFile, str | None]:
-    """The verified weight file for this layout and split, built if missing; (file, rebuild reason)."""
+    """The verified weight file of the model file ``laid_out_path``, built if missing; (file,
+    rebuild reason). ``source_key`` names that file's content (the layout cache entry, or the
+    model's digest for the as-given layout)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r} ({' | '.join(LAYOUTS)})")
     laid_out_path = Path(laid_out_path)
-    key = hashlib.sha256(f"{laid_out_path.parent.name}:{split_bytes}:{VERSION}".encode()).hexdigest()[:20]
+    key = hashlib.sha256(f"{source_key}:{layout}:{split_bytes}:{VERSION}".encode()).hexdigest()[:20]
     directory = Path(root or default_root()) / "stream" / key
     reason = None
     if directory.exists():
@@ -224,21 +248,22 @@ def ensure_weight_file(laid_out_path: str | os.PathLike, *, split_bytes: int,
             return weights, None
         except StoreError as exc:
             reason = str(exc)
-    _build_in_child(laid_out_path, directory, split_bytes)
+    _build_in_child(laid_out_path, directory, split_bytes, layout)
     weights = WeightFile(directory)
     weights.verify()
     return weights, reason
 
 
-def _build_in_child(laid_out_path: Path, directory: Path, split_bytes: int, timeout_s: float = 600) -> None:
+def _build_in_child(laid_out_path: Path, directory: Path, split_bytes: int, layout: str,
+                    timeout_s: float = 600) -> None:
     """Build in a child process: reading and cutting the weights (a 24 MB FC at a time) must not
     grow the serving process, which may already be running other models under their budgets."""
     proc = subprocess.run([sys.executable, "-m", "dynnet_ros.swap.weight_file", str(laid_out_path), str(directory),
-                           str(split_bytes)], capture_output=True, text=True, timeout=timeout_s, check=False)
+                           str(split_bytes), layout], capture_output=True, text=True, timeout=timeout_s, check=False)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise StoreError(directory, f"building the weight file for {laid_out_path} failed: {last}")
 
 
 if __name__ == "__main__":
-    build(sys.argv[1], sys.argv[2], split_bytes=int(sys.argv[3]))
+    build(sys.argv[1], sys.argv[2], split_bytes=int(sys.argv[3]), layout=sys.argv[4])

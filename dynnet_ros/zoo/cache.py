@@ -17,6 +17,8 @@ from typing import Callable
 
 import onnx
 
+from dynnet_ros.settings import settings
+
 from . import depth, gated, lane, multiexit, pedestrian
 
 MODEL_NAMES: tuple[str, ...] = ("lane", "pedestrian", "depth", "gated", "multiexit")
@@ -41,8 +43,7 @@ BUILDER_VERSION = f"{_MANUAL_VERSION}+{_source_digest()}"
 
 def zoo_dir() -> Path:
     """$DYNNET_ZOO_DIR if set, else ~/.cache/dynnet_ros/zoo (not created here)."""
-    env = os.environ.get("DYNNET_ZOO_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "dynnet_ros" / "zoo"
+    return settings().cache.zoo_dir
 
 
 def _check_name(name: str) -> None:

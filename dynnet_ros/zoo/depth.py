@@ -27,18 +27,22 @@ MIN_DEPTH = 0.5
 _CONF_GAIN = 100.0                    # confidence gain on the local LiDAR hit density
 
 
+def _cell_average(g: GraphBuilder, lidar: str, mask: str, cell: int, weight: float) -> tuple[str, str]:
+    """LiDAR sum and hit count averaged over ``cell`` x ``cell`` blocks, upsampled back, times ``weight``."""
+    pool = {"kernel_shape": [cell, cell], "strides": [cell, cell]}
+    n = g.resize(g.op("AveragePool", [lidar], prefix="lidar_sum", **pool), float(cell), "linear")
+    d = g.resize(g.op("AveragePool", [mask], prefix="lidar_hits", **pool), float(cell), "linear")
+    if weight != 1.0:
+        n, d = g.op("Mul", [n, g.const([weight])]), g.op("Mul", [d, g.const([weight])])
+    return n, d
+
+
 def _sparse_fusion(g: GraphBuilder, lidar: str, net_depth: str) -> str:
     """m*L + (1-m)*(c*D + (1-c)*N): exact at LiDAR hits, densified LiDAR near them."""
     mask = g.op("Cast", [g.op("Greater", [lidar, g.const([0.0])])], to=onnx.TensorProto.FLOAT)
-    num, den = None, None
-    for cell, weight in ((8, 1.0), (32, 0.05)):
-        pool = {"kernel_shape": [cell, cell], "strides": [cell, cell]}
-        n = g.resize(g.op("AveragePool", [lidar], prefix="lidar_sum", **pool), float(cell), "linear")
-        d = g.resize(g.op("AveragePool", [mask], prefix="lidar_hits", **pool), float(cell), "linear")
-        if weight != 1.0:
-            n, d = g.op("Mul", [n, g.const([weight])]), g.op("Mul", [d, g.const([weight])])
-        num = n if num is None else g.op("Add", [num, n])
-        den = d if den is None else g.op("Add", [den, d])
+    num, den = _cell_average(g, lidar, mask, 8, 1.0)
+    n, d = _cell_average(g, lidar, mask, 32, 0.05)
+    num, den = g.op("Add", [num, n]), g.op("Add", [den, d])
     dense = g.op("Div", [num, g.op("Add", [den, g.const([1e-6])])], prefix="lidar_dense")
     # confidence c = 1 - exp(-k * den): ~0 where no hits nearby, -> 1 where hits are dense
     conf = g.op("Sub", [g.const([1.0]), g.op("Exp", [g.op("Mul", [den, g.const([-_CONF_GAIN])])])])

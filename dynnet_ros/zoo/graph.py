@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import onnx
+from numpy.typing import DTypeLike
 from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17
@@ -27,9 +28,9 @@ class _Shared:
     """State shared by a builder and its If-branch sub-builders (names, weights, RNG)."""
 
     rng: np.random.Generator
-    counts: Counter = field(default_factory=Counter)
+    counts: Counter[str] = field(default_factory=Counter)
     initializers: list[onnx.TensorProto] = field(default_factory=list)
-    const_cache: dict[tuple, str] = field(default_factory=dict)
+    const_cache: dict[tuple[str, tuple[int, ...], bytes], str] = field(default_factory=dict)
 
 
 class GraphBuilder:
@@ -59,7 +60,7 @@ class GraphBuilder:
         self._s.initializers.append(numpy_helper.from_array(np.array(value, order="C"), name))  # 0-d stays 0-d
         return name
 
-    def const(self, value, dtype=np.float32) -> str:
+    def const(self, value: Any, dtype: DTypeLike = np.float32) -> str:
         """A small constant initializer, de-duplicated by value (shape-op arguments, scales...)."""
         arr = np.asarray(value, dtype=dtype)
         key = (arr.dtype.str, arr.shape, arr.tobytes())
@@ -68,13 +69,19 @@ class GraphBuilder:
         return self._s.const_cache[key]
 
     # ------------------------------------------------------------------ generic nodes
-    def op(self, op_type: str, inputs: Sequence[str], n_out: int = 1, prefix: str | None = None,
-           **attrs) -> str | list[str]:
-        """Add one node; returns its output name, or a list when ``n_out > 1``."""
+    def op(self, op_type: str, inputs: Sequence[str], prefix: str | None = None, **attrs: Any) -> str:
+        """Add one single-output node; returns its output name (also the node name)."""
         base = self.fresh(prefix or op_type.lower())
-        outs = [base if n_out == 1 else f"{base}_o{i}" for i in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), [base], name=base, **attrs))
+        return base
+
+    def op_multi(self, op_type: str, inputs: Sequence[str], n_out: int, prefix: str | None = None,
+                 **attrs: Any) -> list[str]:
+        """Add one node with ``n_out`` outputs named ``<node>_o<i>``; returns those names."""
+        base = self.fresh(prefix or op_type.lower())
+        outs = [f"{base}_o{i}" for i in range(n_out)]
         self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=base, **attrs))
-        return outs[0] if n_out == 1 else outs
+        return outs
 
     def add_input(self, name: str, elem_type: int, shape: Sequence[int | str]) -> str:
         self.inputs.append(helper.make_tensor_value_info(name, elem_type, list(shape)))

@@ -94,8 +94,8 @@ def _hand_channels(g: GraphBuilder, energy: str, stride: int) -> tuple[str, str,
 def _decode(g: GraphBuilder, pred: str, obj_hand: str, cls_hand: str, peak: str,
             stride: int) -> tuple[str, str]:
     """Head output [1,6,h,w] -> boxes [1,h*w,4] (x1,y1,x2,y2 px) and scores [1,1,h*w]."""
-    tx, ty, tw, th, obj, cls = g.op("Split", [pred, g.const([1] * 6, np.int64)], n_out=6, axis=1,
-                                    prefix=f"head{stride}_split")
+    tx, ty, tw, th, obj, cls = g.op_multi("Split", [pred, g.const([1] * 6, np.int64)], 6, axis=1,
+                                          prefix=f"head{stride}_split")
     shape = g.op("Shape", [pred])
     h = g.op("Cast", [g.op("Gather", [shape, g.const(2, np.int64)], axis=0)], to=onnx.TensorProto.FLOAT)
     w = g.op("Cast", [g.op("Gather", [shape, g.const(3, np.int64)], axis=0)], to=onnx.TensorProto.FLOAT)

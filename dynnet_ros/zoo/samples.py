@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 
 from .cache import MODEL_NAMES
 
@@ -42,7 +43,6 @@ class Latency:
 def measure_latency(model: onnx.ModelProto, name: str, height: int = 480, width: int = 640,
                     threads: int = 2, runs: int = 10, warmup: int = 2) -> Latency:
     """onnxruntime CPU latency of one model (session options: ``threads`` intra-op threads)."""
-    import onnxruntime as ort   # imported lazily: building models must not need onnxruntime
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads

@@ -75,13 +75,20 @@ class LayerCost:
     out_shape: tuple[int, ...]
 
 
+def _concrete(dims: list[int | None] | None) -> list[int] | None:
+    """``dims`` when every dimension is known (an empty list is a known scalar shape), else None."""
+    if dims is None or None in dims:
+        return None
+    return [d for d in dims if d is not None]
+
+
 def _node_cost(node: onnx.NodeProto, known: dict[str, list[int | None]]) -> LayerCost | None:
     if node.op_type not in ("Conv", "Gemm", "MatMul"):
         return None
-    out = known.get(node.output[0])
-    first = known.get(node.input[0])
-    weight = known.get(node.input[1]) or []
-    if not out or None in out or not first or None in first:
+    out = _concrete(known.get(node.output[0]))
+    first = _concrete(known.get(node.input[0]))
+    weight = _concrete(known.get(node.input[1], []))
+    if not out or not first or weight is None:
         raise ValueError(f"cannot count MACs of {node.name}: shape unknown after inference")
     if node.op_type == "Conv":
         macs = int(np.prod(out)) * int(np.prod(weight[1:]))
@@ -89,9 +96,12 @@ def _node_cost(node: onnx.NodeProto, known: dict[str, list[int | None]]) -> Laye
         trans_a = any(at.name == "transA" and at.i for at in node.attribute)
         k = first[-2] if trans_a else first[-1]
         macs = int(np.prod(out)) * k
-    params = sum(int(np.prod(known[i])) for i in node.input[1:] if i in known and known[i] is not None
-                 and None not in known[i]) if len(node.input) > 1 else 0
-    return LayerCost(node.name, node.op_type, macs, params, tuple(int(d) for d in out))
+    params = 0
+    for name in node.input[1:]:
+        dims = _concrete(known.get(name))
+        if dims is not None:
+            params += int(np.prod(dims))
+    return LayerCost(node.name, node.op_type, macs, params, tuple(out))
 
 
 def _graph_layers(graph: onnx.GraphProto, known: dict[str, list[int | None]], out: list[LayerCost]) -> None:

@@ -1,16 +1,95 @@
-"""The executor protocol every backend implements."""
+"""The executor protocol every backend implements, and the typed statistics it reports.
+
+Why a protocol: the Engine, its budget policy (swap/control.py) and the nodes call exactly these
+methods and read exactly these fields, so a new backend (TensorRT, the mapper's stages) knows
+what it must provide and nothing is discovered at run time.
+"""
 from __future__ import annotations
 
-from typing import Mapping, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol
 
 import numpy as np
 
 
+@dataclass(frozen=True)
+class WindowStats:
+    """The streamed weights window of an executor running under a budget (swap/streamed.py)."""
+
+    layout: str                  # graph the weights belong to: "nchwc" or "as-given"
+    store: str                   # directory of the weight file
+    weight_bytes: int            # bytes of all weights in the file
+    weight_span_bytes: int       # the same in whole pages (what the window holds when all are resident)
+    allowance_bytes: int         # weight bytes the budget leaves the window
+    pinned_bytes: int            # weights never dropped (latest-used, when the allowance has room)
+    resident_weight_bytes: int   # weights resident now
+    peak_resident_bytes: int     # most weights resident at once
+    nonweight_bytes: int         # measured footprint besides weights (max over recent frames)
+    min_budget_bytes: int        # smallest budget the window accepts now
+    budget_bytes: int | None     # the budget in force (None: every weight resident)
+    predicted_peak_bytes: int    # non-weight footprint + allowance
+    io_mode: str                 # "direct" (O_DIRECT) or "buffered"
+    frames: int
+    last_frame_read_bytes: int   # weight bytes read during the last frame
+    last_frame_stall_ms: float   # time the last frame waited for weights
+    read_mb_s: float | None      # measured read rate
+    split_bytes: int             # largest piece a fully-connected weight was split into
+    rebuilt_reason: str | None   # why the weight file was rebuilt when it was opened (None: it was current)
+
+
+@dataclass(frozen=True)
+class ExecutorStats:
+    """What an executor reports about itself; ``Engine.engine_stats()`` adds the engine's part."""
+
+    arena_bytes: int | None = None            # activation arena (planned engine)
+    blocks: int = 1                           # units of weight residency (segments that read weights)
+    resident_weight_bytes: int | None = None  # weights resident now, where they can be swapped
+    window: WindowStats | None = None         # the streamed weights window, when there is one
+    #: backend-specific details for diagnostics (plans, kernel versions, TensorRT engine state)
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
 class Executor(Protocol):
+    """Runs one model; what every backend provides."""
+
     name: str
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run the model on validated feeds; outputs in graph order, keyed by name."""
 
     def close(self) -> None:
-        """Release sessions and buffers."""
+        """Release sessions and buffers (idempotent)."""
+
+    def executor_stats(self) -> ExecutorStats:
+        """Typed statistics for Engine.engine_stats() and the nodes."""
+
+    def arena_bytes_at(self, shapes: Mapping[str, tuple[int, ...]]) -> int | None:
+        """Activation memory at these input shapes where the executor plans it (None: unknown)."""
+
+
+class BudgetedExecutor(Executor, Protocol):
+    """An executor that runs inside a memory budget it can be given and changed between frames."""
+
+    def set_budget(self, budget_bytes: int | None) -> None:
+        """Run within ``budget_bytes`` of RSS growth (None: unlimited); ValueError below the minimum,
+        the previous budget then stays in force."""
+
+    def min_budget_bytes(self) -> int:
+        """The smallest budget it accepts now."""
+
+    def lowest_level_bytes(self) -> int:
+        """The lowest budget a latency table offers (the minimum with room for measurement noise)."""
+
+    def inmemory_bytes(self) -> int:
+        """Its footprint with every weight resident."""
+
+    @property
+    def compute_ms(self) -> float | None:
+        """Smoothed frame time without waits for weights (None before the first frame)."""
+
+    def latency_table(self, top_bytes: int, compute_ms: float | None = None) -> list[tuple[float, float]]:
+        """(budget MB, predicted ms) from the lowest level up to ``top_bytes``; ``compute_ms`` is
+        assumed until the executor has measured its own."""
+
+    def calibrate(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        """Measure the footprint at ``shapes`` before a budget is judged against it."""

@@ -8,6 +8,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from dynnet_ros.engine.backends.base import ExecutorStats
+
 
 def default_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
@@ -40,6 +42,12 @@ class OrtExecutor:
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         values = self._session.run(self._outputs, dict(feeds))
         return dict(zip(self._outputs, values))
+
+    def executor_stats(self) -> ExecutorStats:
+        return ExecutorStats()
+
+    def arena_bytes_at(self, shapes: Mapping[str, tuple[int, ...]]) -> int | None:
+        return None  # onnxruntime's own arena: not planned, not known ahead
 
     def close(self) -> None:
         self._session = None

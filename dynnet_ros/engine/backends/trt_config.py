@@ -6,7 +6,6 @@ machine without a GPU; ``tensorrt.py`` only turns the decisions into builder cal
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -16,20 +15,25 @@ import onnx
 from onnx import helper, shape_inference
 
 from dynnet_ros.engine.plan.memory_plan import lower_bound
+from dynnet_ros.settings import load_settings, settings
+from dynnet_ros.units import MB
 
-MiB = 1 << 20
 PRECISIONS = ("fp32", "tf32", "fp16", "int8", "auto")
 #: resident weight bytes per float32 weight byte, by precision. TensorRT keeps some weights
 #: (biases, reformatted copies) wider than the compute precision, so these lean high.
 WEIGHT_FACTOR = {"fp32": 1.0, "tf32": 1.0, "fp16": 0.6, "int8": 0.35}
 ACTIVATION_FACTOR = {"fp32": 1.0, "tf32": 1.0, "fp16": 0.5, "int8": 0.5}
-MIN_WORKSPACE = 16 * MiB      # NVIDIA's suggested minimum build-time workspace
+MIN_WORKSPACE = 16 * MB      # NVIDIA's suggested minimum build-time workspace
 DEFAULT_WORKSPACE = 1 << 30   # no budget: 1 GiB, or a quarter of free device memory if less
 MAX_WORKSPACE = 4 << 30
+#: compute capabilities with fast native FP16 / INT8 (NVIDIA's TensorRT "Hardware and Precision"
+#: support matrix: FP16 on 5.3, 6.0, 6.2 and 7.0+, not 6.1; INT8 on 6.1 and 7.0+, not 6.0/6.2)
+FAST_FP16_BELOW_7 = {(5, 3), (6, 0), (6, 2)}
+FAST_INT8_BELOW_7 = {(6, 1)}
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("DYNNET_TRT_CACHE") or Path.home() / ".cache" / "dynnet_ros" / "trt")
+    return settings().tensorrt.cache_dir
 
 
 @dataclass(frozen=True)
@@ -61,42 +65,25 @@ class TrtOptions:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "TrtOptions":
         """Options from ``DYNNET_TRT_*`` variables (the Engine/node API passes only a backend
-        name, so deployment settings travel in the environment, e.g. from a launch file)."""
-        env = os.environ if env is None else env
-
-        def number(name: str, kind=float):
-            raw = env.get(name)
-            if raw is None or raw.strip() == "":
-                return None
-            try:
-                return kind(raw)
-            except ValueError:
-                raise ValueError(f"{name}={raw!r} is not a {kind.__name__}") from None
-
-        dla = env.get("DYNNET_TRT_DLA_CORE", "").strip().lower()
-        fallback = env.get("DYNNET_TRT_GPU_FALLBACK", "1").strip().lower()
-        if fallback not in ("0", "1", "true", "false", "yes", "no"):
-            raise ValueError(f"DYNNET_TRT_GPU_FALLBACK={fallback!r} must be 0 or 1")
-        rebuild = env.get("DYNNET_TRT_REBUILD", "1").strip().lower()
-        kwargs = dict(
-            precision=env.get("DYNNET_TRT_PRECISION", "fp32").strip().lower(),
-            dla_core=None if dla in ("", "none", "-1") else number("DYNNET_TRT_DLA_CORE", int),
-            allow_gpu_fallback=fallback in ("1", "true", "yes"),
-            shapes=env.get("DYNNET_TRT_SHAPES") or None,
-            memory_budget_mb=number("DYNNET_TRT_BUDGET_MB"),
-            workspace_mb=number("DYNNET_TRT_WORKSPACE_MB"),
-            device=number("DYNNET_TRT_DEVICE", int) or 0,
-            rebuild_on_miss=rebuild not in ("0", "false", "no"),
-        )
-        if env.get("DYNNET_TRT_CACHE"):
-            kwargs["cache_dir"] = Path(env["DYNNET_TRT_CACHE"])
-        profiles = number("DYNNET_TRT_MAX_PROFILES", int)
-        if profiles is not None:
-            kwargs["max_profiles"] = profiles
-        return cls(**kwargs)
+        name, so deployment settings travel in the environment, e.g. from a launch file).
+        ``env``: a mapping to parse instead of this process's settings."""
+        trt = (settings() if env is None else load_settings(env)).tensorrt
+        return cls(precision=trt.precision, dla_core=trt.dla_core, allow_gpu_fallback=trt.gpu_fallback,
+                   max_profiles=trt.max_profiles, shapes=trt.shapes, memory_budget_mb=trt.budget_mb,
+                   workspace_mb=trt.workspace_mb, cache_dir=trt.cache_dir, device=trt.device,
+                   rebuild_on_miss=trt.rebuild_on_miss)
 
 
 # ------------------------------------------------------------------------------- precision
+def fast_precisions(compute_capability: tuple[int, int]) -> tuple[bool, bool]:
+    """(fast FP16, fast INT8) from the compute capability. The builder's ``platform_has_fast_fp16``
+    / ``platform_has_fast_int8`` answered this until TensorRT 10.5 deprecated them and 11.0
+    removed them; the support matrix they mirrored is a function of the compute capability."""
+    cc = (int(compute_capability[0]), int(compute_capability[1]))
+    modern = cc >= (7, 0)
+    return modern or cc in FAST_FP16_BELOW_7, modern or cc in FAST_INT8_BELOW_7
+
+
 @dataclass(frozen=True)
 class PrecisionDecision:
     precision: str            # fp32 | tf32 | fp16 | int8
@@ -108,10 +95,21 @@ def has_qdq(model: onnx.ModelProto) -> bool:
     return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
 
 
-def choose_precision(requested: str, *, fast_fp16: bool, fast_int8: bool, quantized: bool) -> PrecisionDecision:
-    """Map the requested precision onto builder flags, refusing what cannot work."""
+def choose_precision(requested: str, *, fast_fp16: bool, fast_int8: bool, quantized: bool,
+                     strongly_typed: bool = False) -> PrecisionDecision:
+    """Map the requested precision onto builder flags, refusing what cannot work.
+
+    ``strongly_typed``: TensorRT 11 builds every network strongly typed and has no FP16/INT8
+    builder flags (TF32 stays); the ONNX model's own types decide, so fp16/int8 requests are
+    refused and ``auto`` means fp32."""
     if requested not in PRECISIONS:
         raise ValueError(f"TensorRT precision must be one of {', '.join(PRECISIONS)}, got {requested!r}")
+    if strongly_typed and requested in ("fp16", "int8"):
+        raise ValueError(f"this TensorRT builds strongly typed networks (no {requested.upper()} builder flag); "
+                         "give an fp16/Q-DQ ONNX model and DYNNET_TRT_PRECISION=fp32, tf32 or auto")
+    if strongly_typed and requested == "auto":
+        return PrecisionDecision("fp32", (), "auto on a strongly typed TensorRT: the model's own types "
+                                 "(no FP16 builder flag exists), TF32 off")
     if requested == "auto":
         if fast_fp16:
             return PrecisionDecision("fp16", ("FP16",), "auto: the GPU has fast FP16 (outputs differ from "
@@ -175,12 +173,12 @@ def activation_bytes(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...
     end = len(model.graph.node)
     buffers, unknown = [], 0
     for name, start in first.items():
-        size = sizes.get(name)
-        if size is None:
+        nbytes = sizes.get(name)
+        if nbytes is None:
             unknown += 1
             continue
         stop = end if name in outputs else last.get(name, start) + 1
-        buffers.append((start, max(stop, start + 1), size))
+        buffers.append((start, max(stop, start + 1), nbytes))
     return lower_bound(buffers), unknown
 
 
@@ -201,24 +199,33 @@ def choose_workspace(budget_mb: float | None, *, weight_bytes: int, activation_b
     factor_w, factor_a = WEIGHT_FACTOR[precision], ACTIVATION_FACTOR[precision]
     weights, acts = int(weight_bytes * factor_w), int(activation_bytes * factor_a)
     if explicit_mb is not None:
-        size = int(explicit_mb * MiB)
+        size = int(explicit_mb * MB)
         if size < MIN_WORKSPACE:
-            raise ValueError(f"TensorRT workspace {explicit_mb} MB is below the {MIN_WORKSPACE // MiB} MB minimum")
-        return WorkspaceDecision(size, f"workspace {size / MiB:.0f} MB set explicitly")
+            raise ValueError(f"TensorRT workspace {explicit_mb} MB is below the {MIN_WORKSPACE // MB} MB minimum")
+        return WorkspaceDecision(size, f"workspace {size / MB:.0f} MB set explicitly")
     if budget_mb is None:
-        size = DEFAULT_WORKSPACE if free_device_bytes is None else min(DEFAULT_WORKSPACE, free_device_bytes // 4)
-        size = max(size, MIN_WORKSPACE)
+        raw = DEFAULT_WORKSPACE if free_device_bytes is None else min(DEFAULT_WORKSPACE, free_device_bytes // 4)
+        size = quantise_workspace(raw)
         where = ("default" if free_device_bytes is None
-                 else f"min(1 GiB, free device memory / 4 = {free_device_bytes // 4 / MiB:.0f} MB)")
-        return WorkspaceDecision(size, f"no memory budget: workspace {size / MiB:.0f} MB ({where})")
-    budget = int(budget_mb * MiB)
+                 else f"min(1 GiB, free device memory / 4 = {free_device_bytes // 4 / MB:.0f} MB)")
+        return WorkspaceDecision(size, f"no memory budget: workspace {size / MB:.0f} MB ({where}, rounded down "
+                                       "to a power of two)")
+    budget = int(budget_mb * MB)
     left = budget - weights - acts
     if left < MIN_WORKSPACE:
-        need = (weights + acts + MIN_WORKSPACE) / MiB
+        need = (weights + acts + MIN_WORKSPACE) / MB
         raise ValueError(f"memory budget {budget_mb:g} MB is below the {need:.1f} MB TensorRT needs for this model at "
-                         f"{precision}: weights ~{weights / MiB:.1f} MB + activations ~{acts / MiB:.1f} MB + "
-                         f"workspace >= {MIN_WORKSPACE // MiB} MB")
-    size = min(left, MAX_WORKSPACE)
-    return WorkspaceDecision(size, f"budget {budget_mb:g} MB - weights ~{weights / MiB:.1f} MB - activations "
-                                   f"~{acts / MiB:.1f} MB ({precision}) -> workspace {size / MiB:.0f} MB"
-                                   + (" (capped)" if size < left else ""))
+                         f"{precision}: weights ~{weights / MB:.1f} MB + activations ~{acts / MB:.1f} MB + "
+                         f"workspace >= {MIN_WORKSPACE // MB} MB")
+    size = quantise_workspace(min(left, MAX_WORKSPACE))
+    return WorkspaceDecision(size, f"budget {budget_mb:g} MB - weights ~{weights / MB:.1f} MB - activations "
+                                   f"~{acts / MB:.1f} MB ({precision}) = {left / MB:.0f} MB -> workspace "
+                                   f"{size / MB:.0f} MB (power of two" + (", capped)" if left > MAX_WORKSPACE
+                                                                          else ")"))
+
+
+def quantise_workspace(size: int) -> int:
+    """Largest power of two <= ``size`` (at least ``MIN_WORKSPACE``). The workspace is part of the
+    engine cache key; a value derived from free device memory changes by a few KiB between
+    starts, and each distinct value would cost a full rebuild (minutes on a Jetson)."""
+    return max(MIN_WORKSPACE, 1 << (max(int(size), 1).bit_length() - 1))

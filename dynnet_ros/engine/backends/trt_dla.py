@@ -2,17 +2,19 @@
 
 The DLA is a fixed-function CNN accelerator: FP16/INT8 only, static shapes only (a profile's
 min = opt = max), a restricted set of layers with per-layer limits, at most 16 loadables per core
-(every stretch of DLA layers between GPU-fallback layers is one loadable). TensorRT itself has the
-final word (``IBuilderConfig.can_run_on_DLA`` per layer, at build time); this module is the
-conservative *pre-screen* that decides whether asking for the DLA is worthwhile, on ONNX, from
-NVIDIA's "DLA Supported Layers and Restrictions" (TensorRT 10). Anything not positively known to
-be supported counts as unsupported. Every decision carries a reason string.
+(every stretch of DLA layers between GPU-fallback layers is one loadable). TensorRT's build has
+the final word, and ``engine_layer_placement`` reads where each built layer runs from the engine
+inspector; this module's ``decide_placement`` is the conservative *pre-screen* that decides
+whether asking for the DLA is worthwhile, on ONNX, from NVIDIA's "DLA Supported Layers and
+Restrictions" (TensorRT 10). Anything not positively known to be supported counts as
+unsupported. Every decision carries a reason string.
 """
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -104,6 +106,9 @@ def _check(node: onnx.NodeProto, g: _Graph) -> str | None:
 
     def arg(k: int) -> str | None:  # positional input, None when absent or skipped ("")
         return node.input[k] if k < len(node.input) and node.input[k] else None
+    def constant(k: int) -> np.ndarray | None:  # positional input's build-time constant
+        name = arg(k)
+        return None if name is None else g.consts.get(name)
     data = inputs[0] if inputs else None
     floaty = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16}
     for name in inputs:
@@ -113,12 +118,13 @@ def _check(node: onnx.NodeProto, g: _Graph) -> str | None:
         dims = g.dims.get(name)
         if dims is None or any(d is None for d in dims):
             return f"shape of '{name}' unknown at the profile's static shape"
-        if any(d > MAX_DIM for d in dims[1:]):
+        if any(d is not None and d > MAX_DIM for d in dims[1:]):
             return f"'{name}' has a dimension above {MAX_DIM}"
     if op in NO_OPS:
         return None
-    if g.rank(data) != 4:
-        return f"input rank {g.rank(data)}; DLA layers are 2D (rank-4 NCHW) only"
+    rank = None if data is None else g.rank(data)
+    if rank != 4:
+        return f"input rank {rank}; DLA layers are 2D (rank-4 NCHW) only"
     if op in ("Conv", "ConvTranspose"):
         if len(inputs) < 2 or inputs[1] not in g.consts:
             return "weights are not a build-time constant"
@@ -167,8 +173,8 @@ def _check(node: onnx.NodeProto, g: _Graph) -> str | None:
     if op in ACTIVATIONS:
         return None
     if op == "Clip":
-        low = g.consts.get(arg(1)) if arg(1) else a.get("min")
-        high = g.consts.get(arg(2)) if arg(2) else a.get("max")
+        low = constant(1) if arg(1) else a.get("min")
+        high = constant(2) if arg(2) else a.get("max")
         if low is None or float(np.asarray(low)) != 0.0 or high is None:
             return "only Clip(0, constant max) maps to DLA's clipped ReLU"
         return None
@@ -194,7 +200,7 @@ def _check(node: onnx.NodeProto, g: _Graph) -> str | None:
             return f"concatenation on axis {axis} (channel axis only, >= 2 inputs)"
         return None
     if op == "Resize":
-        scales = g.consts.get(arg(2)) if arg(2) else None
+        scales = constant(2)
         if scales is None or scales.size != 4:
             return "scales are not a 4-element build-time constant (sizes-based resize not screened)"
         mode = a.get("mode", b"nearest")
@@ -304,3 +310,36 @@ def decide_placement(model: onnx.ModelProto, profiles: ProfileSet, *, requested_
     return Placement("DLA", requested_core, True,
                      f"DLA{requested_core} with GPU fallback: {fraction:.0%} of {len(real)} layers DLA-capable in "
                      f"{loadables} loadable(s); on the GPU: {detail}", tuple(verdicts), loadables)
+
+
+@dataclass(frozen=True)
+class LayerPlacement:
+    """Where a built engine's layers run, as its ``IEngineInspector`` reports them."""
+
+    layers: int
+    on_dla: tuple[str, ...]     # names of the engine layers that run on the DLA
+
+    def describe(self) -> str:
+        shown = ", ".join(self.on_dla[:3]) + (" ..." if len(self.on_dla) > 3 else "")
+        return f"{len(self.on_dla)} of {self.layers} engine layers on the DLA" + (f" ({shown})" if shown else "")
+
+
+def engine_layer_placement(layer_infos: Sequence[str]) -> LayerPlacement:
+    """Summarise ``inspector.get_layer_information(i, LayerInformationFormat.JSON)`` for every
+    engine layer. TensorRT fuses each stretch of DLA layers into one engine layer named
+    ``{ForeignNode[first...last]}`` (its build log's "Layers Running on DLA"); a layer whose JSON
+    ``LayerType`` names the DLA counts too. Non-JSON text (``ONELINE`` format, or a name only
+    under ``ProfilingVerbosity.LAYER_NAMES_ONLY``) is read as the layer's name."""
+    on_dla = []
+    for info in layer_infos:
+        try:
+            data = json.loads(info)
+        except ValueError:
+            data = info
+        if isinstance(data, dict):
+            name, kind = str(data.get("Name", "")), str(data.get("LayerType", ""))
+        else:
+            name, kind = str(data), ""
+        if "ForeignNode" in name or "DLA" in kind.upper():
+            on_dla.append(name)
+    return LayerPlacement(len(layer_infos), tuple(on_dla))

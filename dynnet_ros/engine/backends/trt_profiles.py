@@ -32,7 +32,7 @@ from dynnet_ros.engine.model_io import InputSpec
 Shape = tuple[int, ...]
 Signature = tuple[tuple[str, Shape], ...]  # sorted (input name, shape) pairs: feeds.shape_signature
 
-#: the paper's and the issue's image-side distribution: 224..1280 in steps of 32
+#: the paper's image-side distribution: 224..1280 in steps of 32
 DEFAULT_SIDES = tuple(range(224, 1281, 32))
 MAX_DISTINCT_SHAPES = 5000  # the DP holds an n x n cost matrix
 EXACT_SEARCH_LIMIT = 20_000_000  # corner sets x samples x profiles evaluated by exhaustive search
@@ -346,7 +346,7 @@ def plan_profiles(samples, max_profiles: int) -> ProfilePlan:
     w = np.array([weights[s] for s in sigs])
     own = np.array([work(s) for s in sigs], dtype=np.float64)
     # distinct varying coordinates (tied axes, e.g. image H and lidar H, count once)
-    varying = []
+    varying: list[int] = []
     for c in range(points.shape[1]):
         if len(np.unique(points[:, c])) > 1 and not any(np.array_equal(points[:, c], points[:, v]) for v in varying):
             varying.append(c)
@@ -443,6 +443,7 @@ def default_symbol_values(specs: Sequence[InputSpec],
             if dim is None:
                 raise ValueError(f"input '{spec.name}' axis {axis} is dynamic without a name; "
                                  "TensorRT profiles need it named or pinned (give input shapes)")
+            guess: tuple[int, ...]
             if axis == 0:
                 guess = (1,)
             elif spec.rank == 4 and axis in (2, 3):
@@ -467,6 +468,6 @@ def grid_samples(specs: Sequence[InputSpec], values: Mapping[str, Sequence[int]]
     out = []
     for combo in itertools.product(*(values[s] for s in symbols)):
         bound = dict(zip(symbols, combo))
-        out.append(as_signature({spec.name: tuple(d if isinstance(d, int) else bound[d] for d in spec.dims)
+        out.append(as_signature({spec.name: tuple(d if isinstance(d, int) else bound[str(d)] for d in spec.dims)
                                  for spec in specs}))
     return out

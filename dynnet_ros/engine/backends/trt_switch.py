@@ -109,6 +109,9 @@ class EngineSwitch:
         thread.start()
 
     def _build_and_swap(self, samples: dict, wanted: set[Signature]) -> None:
+        with self._lock:
+            if self._closed:  # closed before this thread ran: the device may be gone
+                return
         try:
             runner = self._build(self._plan(samples))
         except Exception as exc:  # keep serving on the old engine / fallback
@@ -119,18 +122,20 @@ class EngineSwitch:
                 self._misses -= wanted
             return
         with self._lock:
-            if self._closed:
-                runner.close()
-                return
-            old, self._runner = self._runner, runner
-            self.builds += 1
-            self.last_error = None
-            self._misses = {s for s in self._misses if runner.profiles.select(s) is None}
-            again = bool(self._misses) and self.rebuild_on_miss
-            if again:  # shapes that missed while this build ran
-                self._start_build()
+            closed = self._closed
+            if not closed:
+                old, self._runner = self._runner, runner
+                self.builds += 1
+                self.last_error = None
+                self._misses = {s for s in self._misses if runner.profiles.select(s) is None}
+        if closed:
+            runner.close()
+            return
         if old is not None:
-            old.close()
+            old.close()  # on this thread, before any next build: close() joins only the newest
+        with self._lock:
+            if self._misses and self.rebuild_on_miss and not self._closed:
+                self._start_build()  # shapes that missed while this build ran
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until no build runs (tests, tools); True when idle."""
@@ -160,10 +165,15 @@ class EngineSwitch:
                 "profiles": None if self.profiles is None else self.profiles.describe()}
 
     def close(self) -> None:
-        """Release engine and fallback; a build still running is dropped when it finishes."""
+        """Release engine and fallback. A background build cannot be interrupted, so this waits
+        for it: the caller releases the CUDA context next, and a build still using it would fail
+        on a dead context. The finished build's engine is released, not installed."""
         with self._lock:
             self._closed = True
             runner, self._runner = self._runner, None
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
         if runner is not None:
             runner.close()
         if self._fallback is not None:

@@ -47,10 +47,15 @@ class Arena:
         if offset < 0 or offset + count * dtype.itemsize > self.capacity:
             raise ValueError(f"arena view [{offset}, {offset + count * dtype.itemsize}) exceeds capacity "
                              f"{self.capacity}")
-        return self._buffer[start:start + count * dtype.itemsize].view(dtype).reshape(shape)
+        return self._allocated()[start:start + count * dtype.itemsize].view(dtype).reshape(shape)
 
     def address(self, offset: int) -> int:
-        return int(self._buffer.ctypes.data) + self._base + offset
+        return int(self._allocated().ctypes.data) + self._base + offset
+
+    def _allocated(self) -> np.ndarray:
+        if self._buffer is None:
+            raise ValueError("the arena holds no buffer: call ensure() before taking views")
+        return self._buffer
 
     def contains(self, pointer: int) -> bool:
         if self._buffer is None:

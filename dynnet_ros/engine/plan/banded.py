@@ -143,6 +143,14 @@ class BandedStats:
     bands: int = 0
 
 
+def _view(views: Mapping[str, np.ndarray | None], name: str) -> np.ndarray:
+    """The arena view the executor planned for ``name`` (every output and the workspace get one)."""
+    view = views.get(name)
+    if view is None:
+        raise ValueError(f"no arena view for {name!r}: the memory plan must place the stem's tensors")
+    return view
+
+
 @dataclass
 class BandedRunner:
     """Runs the stem's convolutions band by band (the segment's work; see module docstring).
@@ -160,9 +168,12 @@ class BandedRunner:
     stats: BandedStats = field(default_factory=BandedStats)
 
     def __post_init__(self) -> None:
-        self.geometry = (_geometry(self.first), _geometry(self.seconds[0]))
+        first, second = _geometry(self.first), _geometry(self.seconds[0])
+        if first is None or second is None:
+            raise ValueError(f"stem {self.first.name!r} is not a pair of plain 2-D convolutions (see find_stem)")
+        self.geometry = (first, second)
         # every vertical padding a band can need, compiled now (weights may be dropped after build)
-        self.sessions = {}
+        self.sessions: dict[tuple[int, int, int], ort.InferenceSession] = {}
         for which, node in enumerate([self.first, *self.seconds]):
             geometry = self.geometry[0 if which == 0 else 1]
             for top in range(geometry.pad_top + 1):
@@ -205,7 +216,7 @@ class BandedRunner:
     def run(self, values: Mapping[str, np.ndarray], views: Mapping[str, np.ndarray | None]) -> dict[str, np.ndarray]:
         """``views``: the arena views of the outputs and of the workspace (bytes)."""
         image = values[self.image]
-        workspace = views[self.workspace]
+        workspace = _view(views, self.workspace)
         n, c_in, height, width = image.shape
         _, c_mid, _, w_mid = self.mid_shape(image.shape)
         for band in self.band_plan(height):
@@ -216,20 +227,20 @@ class BandedRunner:
             np.copyto(img, image[:, :, band.image[0]:band.image[1], :])
             mid_at = _align(size_in)
             mid = workspace[mid_at:mid_at + size_mid].view(np.float32).reshape(n, c_mid, rows_mid, w_mid)
-            self._run(self.sessions[(0, *band.image_pads)], img, mid)
+            self._run(self.sessions[(0,) + band.image_pads], img, mid)
             out_at = mid_at + _align(size_mid)
             for which, node in enumerate(self.seconds, start=1):
-                out = views[node.output[0]]
+                out = _view(views, node.output[0])
                 _, c_out, h_out, w_out = out.shape
                 k = self.block_size if node.domain == NCHWC else 1
                 part = workspace[out_at:out_at + rows_out * n * c_out * w_out * 4].view(np.float32)
                 part = part.reshape(n, c_out, rows_out, w_out)
-                self._run(self.sessions[(which, *band.mid_pads)], mid, part)
+                self._run(self.sessions[(which,) + band.mid_pads], mid, part)
                 rows = out.reshape(n, c_out // k, h_out, w_out * k)
                 rows[:, :, band.out[0]:band.out[1], :] = part.reshape(n, c_out // k, rows_out, w_out * k)
             self.stats.bands += 1
         self.stats.runs += 1
-        return {name: views[name] for name in self.outputs}
+        return {name: _view(views, name) for name in self.outputs}
 
     @staticmethod
     def _run(session: ort.InferenceSession, source: np.ndarray, target: np.ndarray) -> None:

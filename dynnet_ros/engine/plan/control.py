@@ -10,15 +10,25 @@ the parent's arena slots for the ``If`` outputs.
 from __future__ import annotations
 
 import logging
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from dynnet_ros.engine.plan.arena import Arena
 from dynnet_ros.engine.plan.graph import GraphIndex, outer_scope_inputs
 
 log = logging.getLogger(__name__)
+
+
+class NestedExecutorFactory(Protocol):
+    """Builds the executor of a branch or loop body (the PlannedExecutor class itself).
+
+    Why passed in: the planned executor builds these runners, so they take its constructor as an
+    argument rather than import the module that imports them."""
+
+    def __call__(self, model: onnx.ModelProto, options: Any, *, arena: Arena | None = None) -> Any: ...
 
 
 def branch_model(branch: onnx.GraphProto, parent: GraphIndex, skeleton: onnx.ModelProto,
@@ -50,15 +60,14 @@ class IfRunner:
     """Runs one ``If`` node: evaluates the condition, then only the taken branch's plan."""
 
     def __init__(self, node: onnx.NodeProto, parent: GraphIndex, skeleton: onnx.ModelProto,
-                 weights: Mapping[str, np.ndarray], ranks: Mapping[str, int], options, arena) -> None:
-        from dynnet_ros.engine.plan.executor import PlannedExecutor
-
+                 weights: Mapping[str, np.ndarray], ranks: Mapping[str, int], options: Any, arena: Arena,
+                 make_executor: NestedExecutorFactory) -> None:
         self.node = node
         self.branches = {}
         for attr in node.attribute:
             if attr.name in ("then_branch", "else_branch"):
                 model = branch_model(attr.g, parent, skeleton, weights, ranks)
-                self.branches[attr.name == "then_branch"] = (PlannedExecutor(model, options, arena=arena),
+                self.branches[attr.name == "then_branch"] = (make_executor(model, options, arena=arena),
                                                              [o.name for o in attr.g.output])
         if set(self.branches) != {True, False}:
             raise ValueError(f"If node {node.name!r} lacks a branch")
@@ -67,7 +76,7 @@ class IfRunner:
         cond = bool(np.asarray(values[self.node.input[0]]).reshape(-1)[0])
         executor, names = self.branches[cond]
         feeds = {name: values[name] for name in executor.graph.inputs}
-        targets = {b: out.get(o) for b, o in zip(names, self.node.output) if out.get(o) is not None}
+        targets = {b: target for b, o in zip(names, self.node.output) if (target := out.get(o)) is not None}
         produced = executor.run(feeds, out=targets)
         return {o: produced[b] for b, o in zip(names, self.node.output)}
 

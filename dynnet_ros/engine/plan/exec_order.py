@@ -80,7 +80,7 @@ class _Graph:
                 except KeyError:
                     raise ValueError(f"no size for tensor {t!r}") from None
 
-            fns = [lookup]
+            fns: list[SizeOf] = [lookup]
         else:
             fns = [sizes] if callable(sizes) else list(sizes)
         if not fns or not all(callable(f) for f in fns):
@@ -106,7 +106,7 @@ class _Graph:
                 producer.append(v)
                 outs.append(tid[t])
             self.outs.append(outs)
-        for v, node in enumerate(nodes):
+        for node in nodes:
             self.ins.append(sorted({tid[t] for t in node.inputs if t in tid}))
         self.producer = producer
         T = len(self.names)
@@ -433,7 +433,7 @@ def _greedy(g: _Graph, rule: str) -> list[int]:
     out_b = [g.scalar(g.out_bytes(v)) for v in range(g.n)]
     while ready:
         best = None
-        best_key = None
+        best_key: tuple[int, ...] | None = None
         for v in ready:
             freed = 0
             for t in g.ins[v]:
@@ -445,6 +445,7 @@ def _greedy(g: _Graph, rule: str) -> list[int]:
                 low = pending & -pending
                 alloc += out_b[low.bit_length() - 1]
                 pending ^= low
+            key: tuple[int, ...]
             if rule == "net":
                 key = (alloc - freed, alloc, v)
             elif rule == "alloc":

@@ -13,179 +13,61 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field, replace
-from typing import Mapping
+from dataclasses import replace
+from typing import Hashable, Mapping
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 
-from dynnet_ros.engine.memtrim import pin_mmap_threshold
+from dynnet_ros.engine.backends.base import ExecutorStats
+from dynnet_ros.engine.memtrim import pin_mmap_threshold, release_memory
 from dynnet_ros.engine.plan.arena import Arena, align
+from dynnet_ros.engine.plan.banded import BandedRunner, find_stem
+from dynnet_ros.engine.plan.binding import Plan, Signature, TensorSlot, bind_plan, plan_buffers
 from dynnet_ros.engine.plan.cache import LruCache
+from dynnet_ros.engine.plan.control import IfRunner
+from dynnet_ros.engine.plan.exec_order import order_for_executor
 from dynnet_ros.engine.plan.graph import GraphIndex, node_inputs, split_weights, subgraphs
-from dynnet_ros.engine.plan.loader import external_data_dir
+from dynnet_ros.engine.plan.hooks import BranchRunner, SegmentHook
+from dynnet_ros.engine.plan.loop import LoopRunner
 from dynnet_ros.engine.plan.memory_plan import lower_bound, plan_offsets
+from dynnet_ros.engine.plan.options import PlannerOptions
 from dynnet_ros.engine.plan.partition import Segment, describe_segment, partition, sink_small_nodes
+from dynnet_ros.engine.plan.run_loop import collect_outputs, run_segments
+from dynnet_ros.engine.plan.segments import (
+    HEAVY_OPS,
+    NoSession,
+    SegmentRunner,
+    build_nodes_model,
+    segment_session_options,
+)
 from dynnet_ros.engine.plan.shapes import ShapeSource, make_shape_source
+from dynnet_ros.engine.plan.simplify import simplify
 from dynnet_ros.engine.plan.versions import Version, VersionManager
+from dynnet_ros.engine.rdp.ops.ort_contrib import nchwc_block_size
+from dynnet_ros.units import MB
 
 log = logging.getLogger(__name__)
 
-Signature = tuple[tuple[str, tuple[int, ...]], ...]
+# Element-wise ops whose onnxruntime CPU kernels declare MayInplace (output over input 0) and
+# compute each output element from the same-index input element (binary ops: also input 1).
+_IN_PLACE_OPS = {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid", "Clip", "Abs", "Neg", "Exp", "Sqrt",
+                 "Add", "Sub", "Mul", "Div"}
+_SESSION_BYTES = 256 * 1024  # what one more onnxruntime session costs beyond its weights (docs/engine.md)
 
 
-@dataclass
-class PlannerOptions:
-    """Knobs of the planned engine (defaults are what the benchmarks chose; see docs/engine.md)."""
-
-    threads: int | None = None
-    granularity: str = "choose"            # choose (cheaper of auto/fine, see _choose_partition) | auto | fine | coarse
-    small_bytes: int = 64 * 1024           # tensors below this stay inside a segment
-    reference_side: int = 640              # symbol value used to size tensors when partitioning
-    plan_cache_size: int = 16              # shape signatures whose plans are kept (LRU)
-    optimization_level: str = "extended"   # onnxruntime level inside segments: basic | extended | all
-    segment_arena: bool = False            # onnxruntime's own BFC arena inside each segment session
-    shared_arena: bool = False             # one process-wide onnxruntime arena shared by all segment sessions
-    shared_arena_strategy: int = 1         # its growth: 1 = kSameAsRequested, 0 = kNextPowerOfTwo
-    versions: bool = True                  # shape-specialised segment sessions for hot signatures
-    hot_after: int = 8                     # uses of a signature before its version is built
-    version_budget_mb: float = 4.0         # bytes all versions may hold (their weight copies + sessions)
-    simplify: bool = True
-    use_rdp: bool = True
-    order: str = "memory"                  # memory (exec_order) | model
-    prepacking: bool = True                # onnxruntime's weight prepacking (a second copy of Gemm/MatMul B)
-    # glibc serves blocks above this by mmap, so onnxruntime's per-run workspaces go back to the
-    # OS instead of fragmenting the heap (+10 MB peak on depth without it). 128 KiB matters:
-    # convolution working buffers are exactly 128 KiB at 2 threads (multiexit 40.5 vs 55.6 MB
-    # peak at 192 KiB). Process-wide; costs a page fault per touched page of big allocations.
-    mmap_threshold: int | None = 128 * 1024
-    # False: every parallel op wakes its threads. True: onnxruntime's default (idle pools keep
-    # spinning: 10x slower with 20-45 pools on 2 cores). "run": spin during a segment's run only
-    # (force_spinning_stop) — no faster on an idle machine (16.1 vs 16.4 ms, pedestrian), 1.75x
-    # slower next to a CPU-bound process (37.7 vs 21.5 ms), so not the default
-    spinning: bool | str = False
-    plan_branches: bool = True             # If: taken branch / Loop: body per iteration, as own plans (control.py, loop.py)
-    light_segment_threads: int | None = 1  # threads for segments without Conv/Gemm/MatMul (None: same)
-    nchwc_max_bytes: int = 2**20           # segments whose tensors stay below this use ORT_ENABLE_ALL (NCHWc)
-    nchwc_shared_arena: bool = False       # NCHWc segments' reorder buffers from one shared onnxruntime arena
-    in_place: bool = True                  # element-wise segments write over an input that dies there
-    stem_bands: int = 4                    # at least this many row bands for the stem convs (plan/banded.py); 0 = off
-    stem_min_bytes: int = 2**20            # ... when the first conv's output is at least this big (reference shape)
-    stem_min_gain: float = 0.1             # ... and banding lowers the reference arena bound by this fraction
-    global_threads: bool = False           # all segment sessions share onnxruntime's process-wide thread pool
-    layout: str = "as-given"               # "nchwc": the graph is onnxruntime's blocked-layout rewrite (plan/layout.py)
-    # Weights bound by reference (name -> OrtValue over memory someone else owns and may swap;
-    # swap/streamed.py): sessions get them through add_initializer, which keeps the pointer only
-    # with prepacking off, so setting this turns prepacking off.
-    shared_weights: Mapping[str, ort.OrtValue] | None = None
-    max_segment_weight_bytes: int | None = None  # cut segments holding more weight than this (swapping unit)
+def _names_read(node: onnx.NodeProto) -> list[str]:
+    """Inputs of ``node`` and every name its subgraphs read (an If's branch weights)."""
+    names = list(node_inputs(node))
+    for graph in subgraphs(node):
+        names += [t.name for t in graph.initializer]
+        for inner in graph.node:
+            names += _names_read(inner)
+    return names
 
 
-_LEVELS = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-           "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-           "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
-
-
-@dataclass
-class TensorSlot:
-    """Where one boundary tensor lives for a given signature."""
-
-    name: str
-    dtype: np.dtype
-    shape: tuple[int, ...] | None      # None: nac, onnxruntime allocates it
-    offset: int | None = None          # byte offset in the arena (None: not in the arena)
-    lifetime: tuple[int, int] = (0, 0)  # [first segment, last segment + 1)
-    alias_of: str | None = None        # written in place over this (dying) input's bytes
-
-
-@dataclass
-class Plan:
-    """Everything that depends only on the input shape signature."""
-
-    signature: Signature
-    slots: dict[str, TensorSlot]
-    height: int
-    lower_bound: int
-    seconds: float
-    arena_generation: int = -1
-    bindings: list = field(default_factory=list)
-    runners: list = field(default_factory=list)    # the runner each binding belongs to
-    loose: list = field(default_factory=list)      # per segment: (inputs, outputs) not in the arena, bound per run
-    bound_version: object = None                   # the Version the bindings were made for
-    uses: int = 0
-
-
-class SegmentRunner:
-    """One segment compiled into an onnxruntime session over shared weights."""
-
-    def __init__(self, segment: Segment, graph: GraphIndex, skeleton: onnx.ModelProto,
-                 weights: Mapping[str, ort.OrtValue], options: ort.SessionOptions,
-                 input_shapes: Mapping[str, tuple[int, ...]] | None = None,
-                 model: onnx.ModelProto | None = None,
-                 shared: Mapping[str, ort.OrtValue] | None = None) -> None:
-        self.segment = segment
-        model = model or build_segment_model(segment, graph, skeleton, input_shapes)
-        folder = external_data_dir(skeleton)
-        if folder:  # weights referenced in the model file itself: onnxruntime reads them from there
-            options.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
-        used = [i.name for i in model.graph.initializer if i.name in weights]
-        if used:
-            options.add_external_initializers(used, [weights[n] for n in used])
-        for name in {i.name for i in model.graph.initializer if shared and i.name in shared} - set(used):
-            options.add_initializer(name, shared[name])  # by reference: the OrtValue's memory is used as is
-        try:
-            self.session = ort.InferenceSession(model.SerializeToString(), sess_options=options,
-                                                providers=["CPUExecutionProvider"])
-        except Exception as exc:
-            raise ValueError(f"onnxruntime cannot load segment {segment.index} "
-                             f"({[graph.nodes[n].op_type for n in segment.nodes]}): "
-                             f"{str(exc).strip().splitlines()[0]}") from exc
-
-
-class _NoSession:
-    """Stands in for a segment whose work is done elsewhere (an If run by its branch plans)."""
-
-    session = None
-
-    def __init__(self, segment: Segment) -> None:
-        self.segment = segment
-
-
-def build_segment_model(segment: Segment, graph: GraphIndex, skeleton: onnx.ModelProto,
-                        input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> onnx.ModelProto:
-    """A standalone model for one segment: boundary tensors as inputs/outputs, weights as placeholders.
-
-    ``input_shapes`` pins the inputs to concrete shapes (a specialised version); otherwise every
-    input has an unknown shape and the session is generic.
-    """
-    return build_nodes_model([graph.nodes[n] for n in segment.nodes], segment, graph, skeleton, input_shapes)
-
-
-def build_nodes_model(nodes: list[onnx.NodeProto], segment: Segment, graph: GraphIndex, skeleton: onnx.ModelProto,
-                      input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> onnx.ModelProto:
-    """A standalone model running ``nodes`` with ``segment``'s inputs and outputs."""
-    weights_used: list[str] = []
-    for node in nodes:
-        for name in node_inputs(node):
-            if graph.is_weight(name) and name not in weights_used:
-                weights_used.append(name)
-    skeleton_inits = {t.name: t for t in skeleton.graph.initializer}
-    shapes = input_shapes or {}
-    inputs = [onnx.helper.make_tensor_value_info(name, graph.elem_types[name],
-                                                 list(shapes[name]) if name in shapes else None)
-              for name in segment.inputs]
-    outputs = [onnx.helper.make_tensor_value_info(name, graph.elem_types.get(name, 0), None)
-               for name in segment.outputs]
-    sub = onnx.helper.make_graph(nodes, f"segment_{segment.index}", inputs, outputs,
-                                 [skeleton_inits[w] for w in weights_used])
-    model = onnx.helper.make_model(sub, opset_imports=list(graph.model.opset_import))
-    model.ir_version = graph.model.ir_version
-    model.functions.extend(graph.model.functions)
-    return model
-
-
-def _reference_shapes(graph: GraphIndex, side: int) -> dict[str, tuple[int, ...]]:
+def reference_shapes(graph: GraphIndex, side: int) -> dict[str, tuple[int, ...]]:
     """Pin every dynamic input dim to ``side`` (batch-like dims named N/batch to 1)."""
     shapes = {}
     for value in graph.model.graph.input:
@@ -201,7 +83,6 @@ def _reference_shapes(graph: GraphIndex, side: int) -> dict[str, tuple[int, ...]
                 dims.append(side)
         shapes[value.name] = tuple(dims)
     return shapes
-
 
 class PlannedExecutor:
     """Executor (see backends.base) running a model as planned segments over one arena."""
@@ -230,10 +111,8 @@ class PlannedExecutor:
         infer = not all(o in rdp_types for node in skeleton.graph.node for o in node.output if o)
         original_types = GraphIndex.build(skeleton, rdp_types, infer=infer).elem_types
         if opts.simplify:
-            from dynnet_ros.engine.plan.simplify import simplify
-
             skeleton, self.simplify_report = simplify(skeleton, use_rdp=opts.use_rdp and rdp is not None, rdp=rdp,
-                                                      weights=weights)
+                                                      weights=weights, fold_weights=opts.fold_weights)
         self.graph = GraphIndex.build(skeleton, original_types, weights, infer=infer)
         self._lock = threading.Lock()
         # In-memory weights (file-backed ones stay in the file) go to the sessions as OrtValues.
@@ -242,7 +121,7 @@ class PlannedExecutor:
         self.skeleton = skeleton
         self.reference_sizes = self._reference_sizes()
         self._input_sizes = {n: int(np.prod(shape, dtype=np.int64)) * self._itemsize(n)  # graph inputs
-                             for n, shape in _reference_shapes(self.graph, opts.reference_side).items()}
+                             for n, shape in reference_shapes(self.graph, opts.reference_side).items()}
         self.order = self._execution_order()
         self.segments = self._choose_partition()
         if opts.max_segment_weight_bytes:
@@ -270,21 +149,19 @@ class PlannedExecutor:
         self.last_plan: Plan | None = None
         self._segment_weight_bytes = [self._weight_bytes_of(s) for s in self.segments]
         #: called around every segment (swap/residency.py: weights in before, out after)
-        self.segment_hook = None
+        self.segment_hook: SegmentHook | None = None
         self.versions = VersionManager(self._build_version, hot_after=opts.hot_after,
-                                       budget_bytes=int(opts.version_budget_mb * 2**20), enabled=opts.versions)
+                                       budget_bytes=int(opts.version_budget_mb * MB), enabled=opts.versions)
         self._warm_up()
-        _release_build_garbage()
+        # building (RDP, inference, 20-50 session creations) leaves freed but still-mapped heap
+        release_memory()
 
     # ------------------------------------------------------------------ build
-    def _build_branch_runners(self, weights: Mapping[str, np.ndarray]) -> dict[int, object]:
+    def _build_branch_runners(self, weights: Mapping[str, np.ndarray]) -> dict[int, BranchRunner]:
         """If/Loop segments whose branches/body can be planned on their own (else onnxruntime's
         If/Loop runs them); plan/control.py, plan/loop.py."""
-        from dynnet_ros.engine.plan.control import IfRunner
-        from dynnet_ros.engine.plan.loop import LoopRunner
-
-        kinds = {"If": IfRunner, "Loop": LoopRunner}
-        runners: dict[int, object] = {}
+        kinds: dict[str, type[IfRunner] | type[LoopRunner]] = {"If": IfRunner, "Loop": LoopRunner}
+        runners: dict[int, BranchRunner] = {}
         if not self.options.plan_branches:
             return runners
         branch_arena = None
@@ -301,7 +178,7 @@ class PlannedExecutor:
             branch_arena = branch_arena or Arena()
             try:
                 runners[seg.index] = kinds[node.op_type](node, self.graph, self.skeleton, weights, ranks, nested,
-                                                         branch_arena)
+                                                         branch_arena, PlannedExecutor)
             except ValueError as exc:
                 log.info("%s %s stays with onnxruntime's %s: %s", node.op_type, node.name, node.op_type, exc)
         self._branch_arena = branch_arena
@@ -337,8 +214,6 @@ class PlannedExecutor:
     def _band_stem(self) -> int | None:
         """Merge a bandable stem's two conv segments into one banded segment (plan/banded.py);
         its index, or None. Only where the stem's intermediate is big enough to matter."""
-        from dynnet_ros.engine.plan.banded import find_stem
-
         opts = self.options
         if not opts.stem_bands or opts.stem_bands < 2:
             return None
@@ -366,7 +241,7 @@ class PlannedExecutor:
         segments[index] = replace(segments[index], kind="banded")
         # worth it only where the stem sets the peak: bands cost copies and session calls
         sizes = self.reference_sizes
-        band_bytes = (sum(sizes.get(t) or 0 for n in stem for t in self.graph.nodes[n].output)
+        band_bytes: float = (sum(sizes.get(t) or 0 for n in stem for t in self.graph.nodes[n].output)
                       + self._input_sizes.get(self.graph.nodes[first_node].input[0], 0))
         band_bytes /= self._stem_band_count(first_node)
         if self._reference_lower_bound(segments) + band_bytes > \
@@ -385,7 +260,8 @@ class PlannedExecutor:
             if seg.kind != "ops" or len(seg.nodes) == 1 or self._weight_bytes_of(seg) <= cap:
                 groups.append(list(seg.nodes))
                 continue
-            group, held = [], 0
+            group: list[int] = []
+            held = 0
             for n in seg.nodes:
                 weight = self._node_weight_bytes(n)
                 if group and weight and held + weight > cap:
@@ -422,12 +298,9 @@ class PlannedExecutor:
     def _stem_band_count(self, first_node: int) -> int:
         """Bands for the stem: a band of its intermediate ~1 MB at the reference shape (4..16)."""
         mid_bytes = self.reference_sizes.get(self.graph.nodes[first_node].output[0]) or 0
-        return min(16, max(self.options.stem_bands, -(-mid_bytes // 2**20)))
+        return min(16, max(self.options.stem_bands, -(-mid_bytes // MB)))
 
     def _build_banded_runner(self, segment: Segment):
-        from dynnet_ros.engine.plan.banded import BandedRunner
-        from dynnet_ros.engine.rdp.ops.ort_contrib import nchwc_block_size
-
         first, seconds = self.graph.nodes[segment.nodes[0]], [self.graph.nodes[n] for n in segment.nodes[1:]]
         options = lambda: self._session_options(segment)  # noqa: E731 - one fresh SessionOptions per session
 
@@ -440,7 +313,8 @@ class PlannedExecutor:
 
         mid_channels = int(self.graph.initializers[first.input[1]].dims[0])
         return BandedRunner(first, seconds, make_session, nchwc_block_size() or 1, mid_channels,
-                            bands=self._stem_band_count(segment.nodes[0]), workspace=f"__stem_workspace_{segment.index}")
+                            bands=self._stem_band_count(segment.nodes[0]),
+                            workspace=f"__stem_workspace_{segment.index}")
 
     def _reference_lower_bound(self, segments: list[Segment]) -> int:
         """Max bytes of boundary tensors live at once at the reference shape (unknown sizes: 0)."""
@@ -471,7 +345,7 @@ class PlannedExecutor:
         runners: list = []
         for seg in self.segments:
             if seg.index in self.branch_runners:
-                runners.append(_NoSession(seg))
+                runners.append(NoSession(seg))
                 continue
             runners.append(SegmentRunner(seg, self.graph, self.skeleton, self.weights, self._session_options(seg),
                                          shared=opts.shared_weights))
@@ -482,45 +356,11 @@ class PlannedExecutor:
         return runners
 
     def _session_options(self, segment: Segment | None = None) -> ort.SessionOptions:
-        from dynnet_ros.engine.backends.cpu import default_threads
-
         opts = self.options
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        threads = opts.threads or default_threads()
-        if opts.global_threads and _use_global_pool(threads):
-            # one process-wide pool (sized once) instead of one pool per segment session
-            so.use_per_session_threads = False
-        else:
-            so.intra_op_num_threads = threads
-            so.inter_op_num_threads = 1
-            if segment is not None and opts.light_segment_threads and not any(
-                    self.graph.nodes[n].op_type in _HEAVY_OPS for n in segment.nodes):
-                # waking a thread pool costs more than memory-bound element-wise work gains from it
-                so.intra_op_num_threads = min(threads, opts.light_segment_threads)
-            if opts.spinning == "run":
-                # spin between the ops of this segment's run (no futex wake per parallel op), stop
-                # when the run ends so idle pools never steal the cores the next segment needs
-                so.add_session_config_entry("session.force_spinning_stop", "1")
-            elif not opts.spinning:
-                # every segment session has its own pool; spinning workers of the segment that just
-                # finished would steal the cores the next segment needs
-                so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        so.graph_optimization_level = _LEVELS[opts.optimization_level]
-        nchwc = segment is not None and opts.nchwc_max_bytes and \
-            self._segment_peak_tensor(segment) <= opts.nchwc_max_bytes
-        if nchwc:
-            # NCHWc kernels are faster but need reorder buffers the size of the segment's tensors:
-            # worth it where tensors are small (deep, many-channel layers), not at full resolution
-            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.enable_cpu_mem_arena = opts.segment_arena
-        so.enable_mem_pattern = False  # patterns are per shape; our arena plans across shapes instead
-        if opts.shared_arena or (nchwc and opts.nchwc_shared_arena):
-            _register_shared_arena(opts.shared_arena_strategy)
-            so.add_session_config_entry("session.use_env_allocators", "1")
-        if not opts.prepacking or opts.shared_weights is not None:
-            so.add_session_config_entry("session.disable_prepacking", "1")
-        return so
+        light = segment is not None and not any(self.graph.nodes[n].op_type in HEAVY_OPS for n in segment.nodes)
+        nchwc = bool(segment is not None and opts.nchwc_max_bytes
+                     and self._segment_peak_tensor(segment) <= opts.nchwc_max_bytes)
+        return segment_session_options(opts, light=light, nchwc=nchwc)
 
     def _segment_peak_tensor(self, segment: Segment) -> int:
         """Largest tensor the segment reads or writes at the reference shape (unknown = huge)."""
@@ -532,12 +372,12 @@ class PlannedExecutor:
         names = [o for node in self.graph.nodes for o in node.output if o]
         for side in (self.options.reference_side, 512, 320, 224):
             try:
-                shapes = self.shape_source.shapes(_reference_shapes(self.graph, side), names)
+                shapes = self.shape_source.shapes(reference_shapes(self.graph, side), names)
             except ValueError:
                 continue
             sizes = {n: (None if s is None else int(np.prod(s, dtype=np.int64)) * self._itemsize(n))
                      for n, s in shapes.items()}
-            self._limit_shape_fallback(_reference_shapes(self.graph, side), sizes)
+            self._limit_shape_fallback(reference_shapes(self.graph, side), sizes)
             return sizes
         return {n: None for n in names}
 
@@ -558,7 +398,7 @@ class PlannedExecutor:
     def _execution_order(self) -> list[int]:
         order = list(range(len(self.graph.nodes)))
         if self.options.order == "memory":
-            order = memory_order(self.graph, self.reference_sizes) or order
+            order = order_for_executor(self.graph, self.reference_sizes) or order
         return sink_small_nodes(self.graph, order,
                                 lambda t: (self.reference_sizes.get(t) or 1 << 62) <= self.options.small_bytes)
 
@@ -580,7 +420,7 @@ class PlannedExecutor:
         """Plan the reference signature once so lazy imports and first-call costs are paid at load,
         not by the first inference (keeps first-run latency near steady state)."""
         try:
-            self.plan_for(_reference_shapes(self.graph, self.options.reference_side))
+            self.plan_for(reference_shapes(self.graph, self.options.reference_side))
         except ValueError:
             plan_offsets([(0, 1, 64), (0, 2, 64)])
 
@@ -602,10 +442,13 @@ class PlannedExecutor:
             slot.lifetime = (first, max(self._last_use.get(name, first), first) + 1)
             slots[name] = slot
         for index, runner in self._banded_runners():
-            outs = [slots.get(name) for name in runner.outputs]
-            if any(out is None or out.shape is None for out in outs):
-                raise ValueError(f"the banded stem's outputs {runner.outputs} have no known shape")
-            size = runner.workspace_bytes(tuple(feeds_shapes[runner.image]), [out.shape for out in outs])
+            out_shapes: list[tuple[int, ...]] = []
+            for name in runner.outputs:
+                out = slots.get(name)
+                if out is None or out.shape is None:
+                    raise ValueError(f"the banded stem's outputs {runner.outputs} have no known shape")
+                out_shapes.append(out.shape)
+            size = runner.workspace_bytes(tuple(feeds_shapes[runner.image]), out_shapes)
             slot = TensorSlot(runner.workspace, np.dtype(np.uint8), (size,))
             slot.lifetime = (index, index + 1)
             slots[runner.workspace] = slot
@@ -619,7 +462,7 @@ class PlannedExecutor:
             ends[root] = max(ends[root], slots[name].lifetime[1])
         planned = [slots[n] for n in boundary if n in in_arena and n not in roots]
         buffers = [(s.lifetime[0], ends[s.name],
-                    max(align(int(np.prod(s.shape, dtype=np.int64)) * s.dtype.itemsize), 1)) for s in planned]
+                    max(align(int(np.prod(s.placed_shape(), dtype=np.int64)) * s.dtype.itemsize), 1)) for s in planned]
         offsets, height = plan_offsets(buffers) if buffers else ([], 0)
         for slot, offset in zip(planned, offsets):
             slot.offset = int(offset)
@@ -630,9 +473,7 @@ class PlannedExecutor:
         self.plans.put(signature, plan)
         return plan
 
-    def _banded_runners(self):
-        from dynnet_ros.engine.plan.banded import BandedRunner
-
+    def _banded_runners(self) -> list[tuple[int, BandedRunner]]:
         return [(i, r) for i, r in self.branch_runners.items() if isinstance(r, BandedRunner)]
 
     def _alias_in_place(self, slots: Mapping[str, TensorSlot], in_arena: set[str]) -> dict[str, str]:
@@ -665,17 +506,18 @@ class PlannedExecutor:
     def _weight_bytes_of(self, segment: Segment) -> int:
         return sum(self._node_weight_bytes(n) for n in segment.nodes)
 
-    def _build_version(self, signature: Signature) -> Version | None:
+    def _build_version(self, signature: Hashable) -> Version | None:
         """Background thread: specialised runners for the segments whose input shapes this plan knows."""
         start = time.perf_counter()
         plan = self.plans.peek(signature)  # no LRU touch from the worker
         if plan is None:
             return None
-        feeds = dict(signature)
+        feeds = dict(plan.signature)  # the key the plan is cached under
         budget = self.versions.budget_bytes
         # cheapest first: segments without weights cost only their session
         order = sorted(range(len(self.segments)), key=lambda i: self._segment_weight_bytes[i])
-        runners, cost = {}, 0
+        runners: dict[int, object] = {}
+        cost = 0
         for i in order:
             seg = self.segments[i]
             if seg.kind != "ops" or any(name in self._released_weights for n in seg.nodes
@@ -703,32 +545,7 @@ class PlannedExecutor:
 
     def _bind_plan(self, plan: Plan, version: Version | None = None) -> None:
         """Pre-bind every arena tensor of ``plan`` (redone when the arena moves or a version lands)."""
-        plan.bindings = []
-        plan.runners = []
-        plan.loose = []
-        for k, generic in enumerate(self.runners):
-            runner = version.runners.get(k, generic) if version is not None else generic
-            plan.runners.append(runner)
-            seg = runner.segment
-            plan.loose.append(([n for n in seg.inputs if plan.slots.get(n) is None or plan.slots[n].offset is None],
-                               [n for n in seg.outputs if plan.slots[n].offset is None]))
-            if runner.session is None:  # an If planned by its branches: nothing to bind
-                plan.bindings.append(None)
-                continue
-            io = runner.session.io_binding()
-            for name in seg.inputs:
-                slot = plan.slots.get(name)
-                if slot is not None and slot.offset is not None:
-                    io.bind_input(name, "cpu", 0, slot.dtype, slot.shape, self.arena.address(slot.offset))
-            for name in seg.outputs:
-                slot = plan.slots[name]
-                if slot.offset is not None:
-                    io.bind_output(name, "cpu", 0, slot.dtype, slot.shape, self.arena.address(slot.offset))
-                else:
-                    io.bind_output(name, "cpu")
-            plan.bindings.append(io)
-        plan.arena_generation = self.arena.generation
-        plan.bound_version = version
+        bind_plan(plan, self.runners, self.arena, version)
 
     # ------------------------------------------------------------------ run
     def run(self, feeds: Mapping[str, np.ndarray],
@@ -736,18 +553,6 @@ class PlannedExecutor:
         """Run on ``feeds``; ``out`` optionally gives arrays to write graph outputs into."""
         with self._lock:
             return self._run(feeds, out or {})
-
-    def _value(self, name: str, plan: Plan, feeds, results, dynamic) -> np.ndarray:
-        slot = plan.slots.get(name)
-        if slot is not None and slot.offset is not None:
-            return self.arena.view(slot.offset, slot.dtype, slot.shape)
-        if name in feeds:
-            return feeds[name]
-        if name in results:
-            return results[name]
-        if name in dynamic:
-            return dynamic[name].numpy()
-        raise RuntimeError(f"input {name!r} was not produced")
 
     def _run(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         # raw pointers are bound below; np.require keeps 0-d feeds 0-d (a Loop body's iteration number)
@@ -764,114 +569,20 @@ class PlannedExecutor:
         graph_outputs = set(self.graph.outputs)
         hook = self.segment_hook
         if hook is None:
-            self._run_segments(plan, feeds, out, results, dynamic, graph_outputs)
+            run_segments(plan, self.arena, self.branch_runners, feeds, out, results, dynamic, graph_outputs)
         else:
             hook.frame_start()
             try:
-                self._run_segments(plan, feeds, out, results, dynamic, graph_outputs, hook)
+                run_segments(plan, self.arena, self.branch_runners, feeds, out, results, dynamic, graph_outputs,
+                             hook)
             except BaseException:
                 hook.abort()
                 raise
             hook.frame_end()
-        return self._collect_outputs(plan, feeds, results, dynamic)
+        return collect_outputs(plan, self.arena, self.graph, feeds, results, dynamic)
 
-    def _run_segments(self, plan: Plan, feeds, out, results, dynamic, graph_outputs, hook=None) -> None:
-        previous = None
-        for runner, io, (loose_inputs, loose_outputs) in zip(plan.runners, plan.bindings, plan.loose):
-            seg = runner.segment
-            if hook is not None:
-                if previous is not None:
-                    hook.after(previous)
-                hook.before(seg.index)
-                previous = seg.index
-            if io is not None and not loose_inputs and not loose_outputs:  # all in the arena, bound once
-                self._run_segment(runner, io, plan)
-                continue
-            if io is None:  # If: only the taken branch runs, as its own plan
-                values = {name: self._value(name, plan, feeds, results, dynamic) for name in seg.inputs}
-                views = {name: (self.arena.view(plan.slots[name].offset, plan.slots[name].dtype,
-                                                plan.slots[name].shape)
-                                if plan.slots[name].offset is not None else None) for name in seg.outputs}
-                for name in seg.outputs:
-                    if views[name] is None and name in out and plan.slots[name].shape == out[name].shape:
-                        views[name] = out[name]
-                special = self.branch_runners[seg.index]
-                workspace = getattr(special, "workspace", None)
-                if workspace is not None:  # a banded stem's band buffers
-                    slot = plan.slots[workspace]
-                    views[workspace] = self.arena.view(slot.offset, slot.dtype, slot.shape)
-                produced = special.run(values, views)
-                for name, array in produced.items():
-                    slot = plan.slots.get(name)  # None: an output of the If/Loop nobody reads
-                    if slot is not None and slot.offset is None:
-                        results[name] = array
-                continue
-            for name in loose_inputs:
-                if name in feeds:
-                    value = feeds[name]
-                elif name in results:
-                    value = results[name]
-                elif name in dynamic:
-                    io.bind_ortvalue_input(name, dynamic[name])
-                    continue
-                else:
-                    raise RuntimeError(f"segment {seg.index} input {name!r} was not produced")
-                io.bind_input(name, "cpu", 0, value.dtype, value.shape, value.ctypes.data)
-            fresh: list[str] = []
-            for name in loose_outputs:
-                slot = plan.slots[name]
-                if slot.shape is not None and name in graph_outputs:
-                    given = out.get(name)
-                    array = given if given is not None and given.shape == slot.shape and \
-                        given.dtype == slot.dtype and given.flags.c_contiguous else np.empty(slot.shape, slot.dtype)
-                    results[name] = array
-                    io.bind_output(name, "cpu", 0, slot.dtype, slot.shape, array.ctypes.data)
-                else:
-                    io.bind_output(name, "cpu")  # reset: onnxruntime allocates at the real size
-                    fresh.append(name)
-            self._run_segment(runner, io, plan)
-            if fresh:
-                values = io.get_outputs()
-                for k, name in enumerate(seg.outputs):
-                    if name in fresh:
-                        dynamic[name] = values[k]
-        if hook is not None and previous is not None:
-            hook.after(previous)
-
-    def _collect_outputs(self, plan: Plan, feeds, results, dynamic) -> dict[str, np.ndarray]:
-        outputs: dict[str, np.ndarray] = {}
-        for name in self.graph.outputs:
-            if name in results:
-                outputs[name] = results[name]
-            elif name in dynamic:
-                outputs[name] = dynamic[name].numpy()
-            elif name in feeds:
-                outputs[name] = np.array(feeds[name], copy=True)
-            elif self.graph.is_weight(name):
-                outputs[name] = self.graph.initializer_array(name)
-            else:
-                slot = plan.slots[name]
-                outputs[name] = self.arena.view(slot.offset, slot.dtype, slot.shape).copy()
-        return outputs
-
-    @staticmethod
-    def _run_segment(runner, io, plan: Plan) -> None:
-        try:
-            runner.session.run_with_iobinding(io)
-        except Exception as exc:
-            raise ValueError(f"segment {runner.segment.index} failed at input shapes "
-                             f"{dict(plan.signature)}: {str(exc).strip().splitlines()[0]}") from exc
-
-    @staticmethod
-    def plan_buffers(plan: Plan) -> list[tuple[int, int, int]]:
-        """The (start, end, nbytes) buffers the plan placed (for reports and planner comparisons)."""
-        ends = {n: s.lifetime[1] for n, s in plan.slots.items() if s.offset is not None and s.alias_of is None}
-        for slot in plan.slots.values():
-            if slot.alias_of is not None:
-                ends[slot.alias_of] = max(ends[slot.alias_of], slot.lifetime[1])
-        return [(slot.lifetime[0], ends[slot.name], max(align(int(np.prod(slot.shape, dtype=np.int64))
-                                                              * slot.dtype.itemsize), 1))
-                for slot in plan.slots.values() if slot.offset is not None and slot.alias_of is None]
+    #: The (start, end, nbytes) buffers a plan placed (for reports and planner comparisons).
+    plan_buffers = staticmethod(plan_buffers)
 
     def arena_tensor(self, name: str) -> np.ndarray | None:
         """View of a boundary tensor in the arena for the last plan (tests check zero-copy with it)."""
@@ -879,13 +590,19 @@ class PlannedExecutor:
         slot = None if plan is None else plan.slots.get(name)
         if slot is None or slot.offset is None:
             return None
-        return self.arena.view(slot.offset, slot.dtype, slot.shape)
+        return slot.view(self.arena)
 
-    def engine_stats(self) -> dict:
-        """What Engine.stats() reports for the planned backend."""
+    def arena_bytes_at(self, shapes: Mapping[str, tuple[int, ...]]) -> int | None:
+        """The arena height of the plan for ``shapes`` (None where these shapes cannot be planned)."""
+        try:
+            return int(self.plan_for(shapes).height)
+        except (ValueError, KeyError):
+            return None
+
+    def executor_stats(self) -> ExecutorStats:
+        """What Engine.engine_stats() reports for the planned backend."""
         plan = self.last_plan
-        return {
-            "arena_bytes": self.arena.capacity,
+        return ExecutorStats(arena_bytes=self.arena.capacity, details={
             "plan": {
                 "height_bytes": None if plan is None else plan.height,
                 "lower_bound_bytes": None if plan is None else plan.lower_bound,
@@ -900,7 +617,7 @@ class PlannedExecutor:
             },
             "kernel_versions": self.versions.stats(),
             "loops": [vars(r.stats) for r in self.branch_runners.values() if hasattr(r, "stats")],
-        }
+        })
 
     def close(self) -> None:
         self.versions.close()
@@ -914,83 +631,3 @@ class PlannedExecutor:
                 self.arena.release()
 
 
-# Element-wise ops whose onnxruntime CPU kernels declare MayInplace (output over input 0) and
-# compute each output element from the same-index input element (binary ops: also input 1).
-_IN_PLACE_OPS = {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid", "Clip", "Abs", "Neg", "Exp", "Sqrt",
-                 "Add", "Sub", "Mul", "Div"}
-_HEAVY_OPS = {"Conv", "FusedConv", "ConvTranspose", "Gemm", "MatMul", "FusedMatMul", "Attention", "LSTM", "GRU"}
-_SESSION_BYTES = 256 * 1024  # what one more onnxruntime session costs beyond its weights (measured ~0.15 MB)
-
-
-def _names_read(node: onnx.NodeProto) -> list[str]:
-    """Inputs of ``node`` and every name its subgraphs read (an If's branch weights)."""
-    names = list(node_inputs(node))
-    for graph in subgraphs(node):
-        names += [t.name for t in graph.initializer]
-        for inner in graph.node:
-            names += _names_read(inner)
-    return names
-
-
-def _release_build_garbage() -> None:
-    """Collect the analysis/build temporaries and hand freed heap pages back to the OS.
-
-    Why: building (RDP, inference, 20-50 session creations) leaves megabytes of freed but
-    still-mapped heap; ``malloc_trim`` returns them once, without changing allocator settings.
-    """
-    import gc
-
-    gc.collect()
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
-_SHARED_ARENA = False
-_GLOBAL_POOL: int | None = None
-
-
-def _use_global_pool(threads: int) -> bool:
-    """Size onnxruntime's process-wide thread pool once; True when segments can use it.
-
-    Why: one pool per segment session means 20-45 pools whose threads wake and sleep around
-    every segment, each thread with its own glibc malloc arena; a single pool is what a
-    plain session has. Only possible before onnxruntime's environment exists, so the first
-    executor's thread count wins (later ones with another count keep per-session pools).
-    """
-    global _GLOBAL_POOL
-    if _GLOBAL_POOL is None:
-        try:
-            from onnxruntime.capi import _pybind_state
-
-            _pybind_state.set_global_thread_pool_sizes(int(threads), 1)
-            _GLOBAL_POOL = int(threads)
-        except Exception as exc:  # environment already created (a session exists): keep per-session pools
-            log.info("global onnxruntime thread pool unavailable: %s", exc)
-            _GLOBAL_POOL = 0
-    return _GLOBAL_POOL == int(threads)
-
-
-def _register_shared_arena(strategy: int = 1) -> None:
-    """One BFC arena for all segment sessions (1 = grow as requested, 0 = by powers of two).
-
-    Process-wide and registered once: the first executor's strategy wins."""
-    global _SHARED_ARENA
-    if _SHARED_ARENA:
-        return
-    info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
-    ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, int(strategy), -1, -1))
-    _SHARED_ARENA = True
-
-
-def memory_order(graph: GraphIndex, sizes: Mapping[str, int | None]) -> list[int] | None:
-    """Peak-minimising topological order from the planner's exec_order module, when present."""
-    try:
-        from dynnet_ros.engine.plan import exec_order
-    except ImportError:
-        return None
-    try:
-        return exec_order.order_for_executor(graph, sizes)
-    except AttributeError:
-        return None

@@ -54,8 +54,7 @@ def node_inputs(node: onnx.NodeProto) -> list[str]:
     names = [n for n in node.input if n]
     for body in subgraphs(node):
         names.extend(sorted(outer_scope_inputs(body)))
-    seen: set[str] = set()
-    return [n for n in names if not (n in seen or seen.add(n))]
+    return list(dict.fromkeys(names))  # first occurrence of each, in order
 
 
 def node_name(node: onnx.NodeProto, index: int) -> str:
@@ -145,7 +144,7 @@ _INT_TYPES = {onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.I
               onnx.TensorProto.UINT8, onnx.TensorProto.BOOL}
 
 
-_DIRECT = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np.float64,
+_DIRECT: dict[int, type[np.generic]] = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np.float64,
            onnx.TensorProto.FLOAT16: np.float16, onnx.TensorProto.INT64: np.int64,
            onnx.TensorProto.INT32: np.int32, onnx.TensorProto.INT16: np.int16, onnx.TensorProto.INT8: np.int8,
            onnx.TensorProto.UINT8: np.uint8, onnx.TensorProto.UINT16: np.uint16,

@@ -28,6 +28,12 @@ from pathlib import Path
 import onnx
 import onnxruntime as ort
 
+from dynnet_ros.engine.plan.loader import load_skeleton, skeleton_bytes, source_path
+from dynnet_ros.engine.plan.model_check import file_digest
+from dynnet_ros.engine.rdp.ops.ort_contrib import set_nchwc_block_size
+from dynnet_ros.settings import settings
+from dynnet_ros.units import MB
+
 log = logging.getLogger(__name__)
 
 LAYOUT_VERSION = 4
@@ -36,7 +42,7 @@ _META = "layout.json"
 # while their rewrite's transient memory (a session over a few MB of weights) is small and is paid
 # once per cache miss. Bigger models are rewritten in a child so the serving process never holds
 # a full extra session of their weights.
-IN_PROCESS_BYTES = 4 * 2**20
+IN_PROCESS_BYTES = 4 * MB
 
 
 @dataclass(frozen=True)
@@ -63,13 +69,10 @@ def cpu_block_size() -> int | None:
 
 
 def cache_root() -> Path:
-    root = os.environ.get("DYNNET_LAYOUT_DIR")
-    return Path(root) if root else Path.home() / ".cache" / "dynnet_ros" / "layout"
+    return settings().cache.layout_dir
 
 
 def _digest(source: Path) -> str:
-    from dynnet_ros.engine.plan.model_check import file_digest
-
     key = f"{file_digest(source)}|ort={ort.__version__}|block={cpu_block_size()}|v={LAYOUT_VERSION}"
     return hashlib.sha256(key.encode()).hexdigest()[:20]
 
@@ -98,8 +101,7 @@ def nchwc_layout(source: str | os.PathLike, *, timeout_s: float = 600) -> LaidOu
             if proc.returncode != 0 or not target.is_file():
                 last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
                 raise ValueError(f"onnxruntime could not lay out {source} for NCHWc: {last}")
-        from dynnet_ros.engine.plan.loader import skeleton_bytes  # weightless: never the weights in this process
-
+        # skeleton_bytes: weightless, never the weights in this process
         nodes = sum(1 for n in onnx.ModelProto.FromString(skeleton_bytes(str(target))).graph.node
                     if n.domain == "com.microsoft.nchwc")
         (Path(work) / _META).write_text(json.dumps({"source": str(source), "block_size": cpu_block_size(),
@@ -122,9 +124,6 @@ def laid_out_skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, LaidOutM
     ``model`` is a skeleton from ``load_skeleton`` (its source file is rewritten) or a full
     in-memory model (written to a temporary file for the child process first).
     """
-    from dynnet_ros.engine.plan.loader import load_skeleton, source_path
-    from dynnet_ros.engine.rdp.ops.ort_contrib import set_nchwc_block_size
-
     source = source_path(model)
     with tempfile.TemporaryDirectory() as work:
         if source is None:
@@ -147,8 +146,6 @@ def laid_out_skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, LaidOutM
 def prepare(path: str | os.PathLike) -> LaidOutModel | None:
     """Check a model file and lay it out ahead of serving (``dynnet zoo build``), so a node's first
     start finds the checker verdict and the rewrite cached. None where no NCHWc layout applies."""
-    from dynnet_ros.engine.plan.loader import load_skeleton
-
     try:
         return laid_out_skeleton(load_skeleton(path))[1]
     except ValueError:

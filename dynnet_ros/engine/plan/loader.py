@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import mmap
 import os
+import sys
 
+import numpy as np
 import onnx
+from onnx import helper
 
 from dynnet_ros.engine.model_io import load_model
+from dynnet_ros.engine.plan.model_check import INVALID_MODEL_EXIT, check_model_file
 
 EXTERNAL_DIR_KEY = "dynnet_ros.external_data_dir"
 SOURCE_PATH_KEY = "dynnet_ros.source_path"  # the file a weightless skeleton was loaded from
@@ -148,12 +152,10 @@ def load_skeleton(path: str | os.PathLike, *, check: bool = True) -> onnx.ModelP
 
     The check runs once per file content, in a child process (plan/model_check.py);
     ``check=False`` for files this package wrote itself (the layout cache)."""
-    from dynnet_ros.engine.plan.model_check import check_model_file
-
     path = os.fspath(path)
     proto = skeleton_proto(path)
     if check:
-        check_model_file(path, lambda: check_skeleton(proto))
+        check_model_file(path, lambda: check_skeleton(proto), child_module=__name__)
     if not proto.graph.output:
         raise ValueError(f"{path} has no graph outputs")
     return proto
@@ -196,9 +198,6 @@ def read_external(tensor: onnx.TensorProto, base_dir: str | None):
     Used by simplification passes that need weight values (BatchNormalization folding); the
     engine itself never reads weights — onnxruntime does.
     """
-    import numpy as np
-    from onnx import helper
-
     if tensor.data_location != onnx.TensorProto.EXTERNAL or base_dir is None:
         return None
     info = {e.key: e.value for e in tensor.external_data}
@@ -215,3 +214,17 @@ def read_external(tensor: onnx.TensorProto, base_dir: str | None):
     if array.size != count:
         return None
     return array.reshape(tuple(tensor.dims)).astype(dtype.newbyteorder("="), copy=False)
+
+
+def _check_in_child(path: str) -> int:
+    """Entry point of the checking child process (see ``model_check.check_model_file``)."""
+    try:
+        check_skeleton(skeleton_proto(path))
+    except ValueError as exc:
+        print(str(exc), file=sys.stderr)
+        return INVALID_MODEL_EXIT
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_check_in_child(sys.argv[1]))

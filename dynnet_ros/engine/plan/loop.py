@@ -16,16 +16,21 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
-from typing import Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import helper
 
+from dynnet_ros.engine.backends.cpu import default_threads
 from dynnet_ros.engine.plan.arena import ALIGN, Arena, align
-from dynnet_ros.engine.plan.control import branch_model
-from dynnet_ros.engine.plan.graph import GraphIndex
+from dynnet_ros.engine.plan.control import NestedExecutorFactory, branch_model
+from dynnet_ros.engine.plan.graph import GraphIndex, node_inputs
+from dynnet_ros.engine.plan.partition import Segment
+from dynnet_ros.engine.plan.segments import SegmentRunner
+from dynnet_ros.units import MB
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +41,7 @@ BODY_PLAN_CACHE = 256
 # through onnxruntime's own Loop: per iteration it costs ~2 us there against ~40 us of Python
 # and session calls here, and tensors that small gain nothing from planning.
 # Weights a Loop reads may be copied into that second session only up to this many bytes.
-SMALL_LOOP_WEIGHT_BYTES = 1 << 20
+SMALL_LOOP_WEIGHT_BYTES = MB
 # Scan outputs of a loop with a trip count are allocated for all of it up to this many bytes.
 STACK_RESERVE_BYTES = 1 << 30
 # Returned carry buffers kept for reuse once their results are dropped (bytes held like an arena).
@@ -168,8 +173,8 @@ class _Stack:
                              f"{self.item_shape} then {shape}")
         if self.buffer is None:
             item = max(math.prod(shape) * np.dtype(dtype).itemsize, 1)
-            known = self.trips is not None and self.trips * item <= STACK_RESERVE_BYTES
-            self.buffer = np.empty((max(self.trips if known else 16, i + 1),) + shape, dtype)
+            rows = self.trips if self.trips is not None and self.trips * item <= STACK_RESERVE_BYTES else 16
+            self.buffer = np.empty((max(rows, i + 1),) + shape, dtype)
         elif self.buffer.shape[1:] != shape or self.buffer.dtype != dtype:
             raise ValueError(f"scan output {self.name!r}: iteration shape {shape} does not fit "
                              f"{self.buffer.shape} {self.buffer.dtype}")
@@ -203,11 +208,8 @@ class LoopRunner:
     """Runs one ``Loop`` node: its body's plan per iteration input shapes, carried values ping-ponging."""
 
     def __init__(self, node: onnx.NodeProto, parent: GraphIndex, skeleton: onnx.ModelProto,
-                 weights: Mapping[str, np.ndarray], ranks: Mapping[str, int], options, arena: Arena) -> None:
-        from dataclasses import replace
-
-        from dynnet_ros.engine.plan.executor import PlannedExecutor
-
+                 weights: Mapping[str, np.ndarray], ranks: Mapping[str, int], options: Any, arena: Arena,
+                 make_executor: NestedExecutorFactory) -> None:
         self.node = node
         body = next((a.g for a in node.attribute if a.name == "body"), None)
         if body is None:
@@ -217,8 +219,8 @@ class LoopRunner:
         if self.scans < 0:
             raise ValueError(f"Loop {node.name!r}: body has too few outputs")
         model = body_model(node, body, parent, skeleton, weights, ranks)
-        self.executor = PlannedExecutor(model, replace(options, plan_cache_size=max(options.plan_cache_size,
-                                                                                    BODY_PLAN_CACHE)), arena=arena)
+        body_options = replace(options, plan_cache_size=max(options.plan_cache_size, BODY_PLAN_CACHE))
+        self.executor = make_executor(model, body_options, arena=arena)
         self.inputs = [v.name for v in body.input]
         self.outputs = [v.name for v in body.output]
         self.scalar_shapes = (_scalar_shape(body.input[0]), _scalar_shape(body.input[1]))
@@ -251,13 +253,6 @@ class LoopRunner:
                             weights: Mapping[str, np.ndarray], options):
         """onnxruntime's Loop for this node alone, for loops over small tensors (None: its weights
         would cost more than a copy is worth, or it cannot be built)."""
-        import onnxruntime as ort
-
-        from dynnet_ros.engine.backends.cpu import default_threads
-        from dynnet_ros.engine.plan.executor import SegmentRunner
-        from dynnet_ros.engine.plan.graph import node_inputs
-        from dynnet_ros.engine.plan.partition import Segment
-
         names = node_inputs(node)
         used = [n for n in names if parent.is_weight(n) and n in weights]
         outputs = [o for o in node.output if o]
@@ -356,7 +351,12 @@ class LoopRunner:
         cond = self._input(node.input[1], values) if len(node.input) > 1 else None
         trips = None if trip is None else max(int(trip.reshape(-1)[0]), 0)
         keep = True if cond is None else bool(cond.reshape(-1)[0])
-        initial = [self._input(n, values) for n in node.input[2:]]
+        initial: list[np.ndarray] = []
+        for name in node.input[2:]:
+            value = self._input(name, values)
+            if value is None:
+                raise ValueError(f"Loop {node.name!r}: a loop-carried input is empty")
+            initial.append(value)
         carried = list(initial)
         for k, buffer in enumerate(self.buffers):  # a buffer whose results were dropped since the last run
             if self.spares and buffer.raw.size < self.spares[-1].size:

@@ -30,10 +30,12 @@ the result depends only on the input and the seed.
 """
 from __future__ import annotations
 
+import heapq
 import random
+import sys
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -158,15 +160,16 @@ class _Problem:
         self.size = [sizes[i] for i in self.idx]
         n = self.n = len(self.idx)
         self.lb = _lower_bound(self.s, self.e, self.size)
+        # per buffer: indices of the buffers whose lifetimes overlap it
+        self.ov_np: list[np.ndarray] = []
+        self._overlaps: list[list[int]] | None = None
         if n == 0:
             self._overlaps = []
-            self.ov_np = []
             self.dense = False
             return
         s = np.asarray(self.s, dtype=np.int64)
         e = np.asarray(self.e, dtype=np.int64)
         # Conflict lists, built in row blocks so memory stays O(block * n), not O(n^2).
-        self.ov_np = []
         n_conflicts = 0
         block = 1024
         for a in range(0, n, block):
@@ -177,7 +180,6 @@ class _Problem:
             cuts = np.searchsorted(rows, np.arange(b - a + 1)).tolist()
             self.ov_np.extend(cols[cuts[k]:cuts[k + 1]] for k in range(b - a))
             n_conflicts += len(cols)
-        self._overlaps: list[list[int]] | None = None
         self.dense = n_conflicts > 48 * n
         # Time sections: the elementary intervals between consecutive distinct endpoints.
         pts = np.unique(np.concatenate([s, e]))
@@ -290,7 +292,6 @@ def _place_skyline(p: _Problem, rank: Sequence[int]) -> tuple[list[int], int]:
     """
     if p.dense:
         return _place_skyline_dense(p, rank)
-    import heapq
 
     n = p.n
     size = p.size
@@ -342,7 +343,7 @@ def _place_skyline_dense(p: _Problem, rank: Sequence[int]) -> tuple[list[int], i
     return off, height
 
 
-def _orders(p: _Problem):
+def _orders(p: _Problem) -> Iterator[tuple[str, list[int]]]:
     """Deterministic placement orders, cheapest first, produced lazily (easy inputs stop
     after the first): each is one best-fit pass and one skyline pass in stage 1."""
     n = p.n
@@ -633,8 +634,6 @@ class _Search:
                     return res
             return 0
 
-        import sys
-
         old_limit = sys.getrecursionlimit()
         sys.setrecursionlimit(max(old_limit, 4 * n + 1000))
         try:
@@ -657,7 +656,10 @@ def greedy_by_size(buffers: Sequence[Buffer]) -> tuple[list[int], int]:
     if p.n == 0:
         return offsets, 0
     order = sorted(range(p.n), key=lambda i: (-p.size[i], p.s[i], i))
-    off, height = _place_best_fit(p, order)
+    placed = _place_best_fit(p, order)
+    if placed is None:  # only a height cap makes a placement fail, and none is given
+        raise RuntimeError("uncapped best-fit placement failed")
+    off, height = placed
     for k, i in enumerate(p.idx):
         offsets[i] = off[k]
     return offsets, height
@@ -821,13 +823,13 @@ def plan_offsets_stats(buffers: Sequence[Buffer], time_limit_s: float | None = 0
                 else:
                     break
         step = max(1, lb // 100)
-        bases = [named["peak"], best_order] + [named[k] for k in ("TWA", "start", "WAT", "length")]
+        base_orders = [named["peak"], best_order] + [named[k] for k in ("TWA", "start", "WAT", "length")]
         run = 0
         while best_h > lo and time.perf_counter() < deadline:
             if node_cap is not None and nodes >= node_cap:
                 break
             prio = [0.0] * n
-            for k, i in enumerate(bases[run % len(bases)]):
+            for k, i in enumerate(base_orders[run % len(base_orders)]):
                 prio[i] = float(n - k)
             # Each run hammers one target (learning is target-specific) placed a fraction of the
             # way from the best down to the bound: tighter targets prune earlier and often
@@ -842,10 +844,10 @@ def plan_offsets_stats(buffers: Sequence[Buffer], time_limit_s: float | None = 0
                 if not targets or targets[-1] != target:
                     targets.append(target)
                 order = sorted(range(n), key=prio.__getitem__, reverse=True)
-                off, blame = sr.dive(target, _rank_of(order))
+                dived, blame = sr.dive(target, _rank_of(order))
                 nodes += n  # a dive costs about one node per buffer
-                if off is not None:
-                    consider((off, max(o + s for o, s in zip(off, p.size))), order)
+                if dived is not None:
+                    consider((dived, max(o + s for o, s in zip(dived, p.size))), order)
                     stage = "search"
                     fails = 0
                 else:

@@ -14,10 +14,15 @@ import subprocess
 import sys
 from functools import lru_cache
 from pathlib import Path
+from typing import Callable
 
 import onnx
 
-_INVALID_EXIT = 3
+from dynnet_ros.settings import settings
+from dynnet_ros.units import MB
+
+#: exit status of the checking child for an invalid model (any other failure: check in process)
+INVALID_MODEL_EXIT = 3
 
 
 def file_digest(path: str | os.PathLike) -> str:
@@ -30,30 +35,31 @@ def file_digest(path: str | os.PathLike) -> str:
 def _digest(path: str, size: int, mtime_ns: int) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
+        for chunk in iter(lambda: handle.read(MB), b""):
             digest.update(chunk)
     return digest.hexdigest()
 
 
 def verdict_dir() -> Path:
     """Verdicts live beside the layout cache (``$DYNNET_LAYOUT_DIR/checked``)."""
-    from dynnet_ros.engine.plan.layout import cache_root
-
-    return cache_root() / "checked"
+    return settings().cache.layout_dir / "checked"
 
 
-def check_model_file(path: str | os.PathLike, check_in_process) -> None:
-    """Raise ValueError if ``path`` fails onnx's checker. ``check_in_process()`` performs the check
-    here (used when no child process can be started)."""
+def check_model_file(path: str | os.PathLike, check_in_process: Callable[[], None], child_module: str) -> None:
+    """Raise ValueError if ``path`` fails onnx's checker.
+
+    ``python -m child_module PATH`` checks in a child process and exits with
+    ``INVALID_MODEL_EXIT`` (reason on stderr) for an invalid model; ``check_in_process()`` performs
+    the check here when no child can run."""
     marker = verdict_dir() / f"{file_digest(path)[:32]}-onnx{onnx.__version__}"
     if marker.is_file():
         return
     try:
-        proc = subprocess.run([sys.executable, "-m", "dynnet_ros.engine.plan.model_check", os.fspath(path)],
+        proc = subprocess.run([sys.executable, "-m", child_module, os.fspath(path)],
                               capture_output=True, text=True, timeout=600, check=False)
     except (OSError, subprocess.SubprocessError):
         proc = None
-    if proc is not None and proc.returncode == _INVALID_EXIT:
+    if proc is not None and proc.returncode == INVALID_MODEL_EXIT:
         raise ValueError((proc.stderr.strip().splitlines() or ["the ONNX checker rejected the model"])[-1])
     if proc is None or proc.returncode != 0:
         check_in_process()  # the child could not run (no interpreter, killed): check here instead
@@ -62,18 +68,3 @@ def check_model_file(path: str | os.PathLike, check_in_process) -> None:
         marker.touch()
     except OSError:
         pass  # a read-only cache only costs the check next time
-
-
-def _main(path: str) -> int:
-    from dynnet_ros.engine.plan.loader import check_skeleton, skeleton_proto
-
-    try:
-        check_skeleton(skeleton_proto(path))
-    except ValueError as exc:
-        print(str(exc), file=sys.stderr)
-        return _INVALID_EXIT
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1]))

@@ -14,6 +14,8 @@ from typing import Iterable, Mapping, Protocol
 import onnx
 
 from dynnet_ros.engine.model_io import pin_input_dims
+from dynnet_ros.engine.plan.graph import strip_weights
+from dynnet_ros.engine.rdp import AnalysisResult, analyze
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +40,10 @@ class RdpShapes:
 
     name = "rdp"
 
-    def __init__(self, result) -> None:
+    def __init__(self, result: AnalysisResult) -> None:
         self.result = result
 
-    def shapes(self, input_shapes, names):
+    def shapes(self, input_shapes: Mapping[str, Shape], names: Iterable[str]) -> dict[str, Shape | None]:
         bindings = self.result.bind({k: list(v) for k, v in input_shapes.items()})
         out: dict[str, Shape | None] = {}
         for name in names:
@@ -68,8 +70,6 @@ class InferredShapes:
     name = "onnx-inference"
 
     def __init__(self, model: onnx.ModelProto) -> None:
-        from dynnet_ros.engine.plan.graph import strip_weights
-
         self._model = strip_weights(model)  # inference needs dims and small constants, not weights
         self._symbolic_dims: dict[str, list | None] | None = None
 
@@ -103,7 +103,7 @@ class InferredShapes:
             out[value.name] = dims
         return out
 
-    def shapes(self, input_shapes, names):
+    def shapes(self, input_shapes: Mapping[str, Shape], names: Iterable[str]) -> dict[str, Shape | None]:
         pinned = onnx.ModelProto()
         pinned.CopyFrom(self._model)
         # Inference needs no weights' values beyond small shape constants; big ones stay (rarely used).
@@ -144,7 +144,7 @@ class CombinedShapes:
     def limit_fallback(self, names) -> None:
         self.fallback_names = set(names)
 
-    def shapes(self, input_shapes, names):
+    def shapes(self, input_shapes: Mapping[str, Shape], names: Iterable[str]) -> dict[str, Shape | None]:
         names = list(names)
         out = self.rdp.shapes(input_shapes, names)
         missing = [n for n in names if out.get(n) is None and n not in self.execution_determined
@@ -173,15 +173,10 @@ def _edo_downstream(records) -> set[str]:
 
 
 def make_shape_source(model: onnx.ModelProto, use_rdp: bool = True) -> ShapeSource:
-    """RDP when the analysis is importable and succeeds on this model, else ONNX inference."""
+    """RDP when the analysis succeeds on this model, else ONNX inference."""
     if use_rdp:
         try:
-            from dynnet_ros.engine.rdp import analyze  # noqa: WPS433 (optional until RDP lands)
-        except ImportError:
-            analyze = None
-        if analyze is not None:
-            try:
-                return CombinedShapes(RdpShapes(analyze(model)), InferredShapes(model))
-            except Exception as exc:  # an analysis failure must not stop the model from running
-                log.warning("RDP analysis failed (%s); planning from onnx shape inference", exc)
+            return CombinedShapes(RdpShapes(analyze(model)), InferredShapes(model))
+        except Exception as exc:  # an analysis failure must not stop the model from running
+            log.warning("RDP analysis failed (%s); planning from onnx shape inference", exc)
     return InferredShapes(model)

@@ -29,8 +29,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from dynnet_ros.engine.plan.graph import subgraphs, weight_placeholder
+from dynnet_ros.engine.plan.graph import node_inputs, subgraphs, weight_placeholder
 from dynnet_ros.engine.plan.loader import external_data_dir, read_external
+from dynnet_ros.engine.rdp import analyze
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +70,12 @@ def _shape_ops(ops: Counter) -> dict:
 
 
 class _Rewriter:
-    def __init__(self, model: onnx.ModelProto, rdp, weights: dict[str, np.ndarray]) -> None:
+    def __init__(self, model: onnx.ModelProto, rdp, weights: dict[str, np.ndarray] | None) -> None:
         self.model = onnx.ModelProto()
         self.model.CopyFrom(model)
-        self.weights = weights
+        # a skeleton's weights live outside the proto; else new weights are embedded in the model
+        self.weights_external = weights is not None
+        self.weights = weights if weights is not None else {}
         self.graph = self.model.graph
         self.rdp = rdp
         self.inits = {t.name: t for t in self.graph.initializer}
@@ -151,11 +154,11 @@ class _Rewriter:
             conv = next((n for n in self.graph.node if is_onnx(n, "Conv") and bn.input[0] in n.output), None)
             if conv is None or len(consumers.get(conv.output[0], [])) != 1 or conv.output[0] in self.outputs:
                 continue
-            params = [self.const(n) for n in bn.input[1:5]]
+            params = [p for p in (self.const(n) for n in bn.input[1:5]) if p is not None]
             weight = self.const(conv.input[1])
             bias = self.const(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
-            if weight is None or any(p is None for p in params) or (len(conv.input) > 2 and conv.input[2]
-                                                                   and bias is None):
+            if weight is None or len(params) != len(bn.input[1:5]) or (len(conv.input) > 2 and conv.input[2]
+                                                                      and bias is None):
                 continue
             scale, beta, mean, var = (p.astype(np.float64) for p in params)
             eps = next((a.f for a in bn.attribute if a.name == "epsilon"), 1e-5)
@@ -346,8 +349,6 @@ class _Rewriter:
 
 
 def _all_inputs(node: onnx.NodeProto) -> list[str]:
-    from dynnet_ros.engine.plan.graph import node_inputs
-
     return node_inputs(node)
 
 
@@ -368,24 +369,25 @@ def _rename(graph: onnx.GraphProto, old: str, new: str, producer: onnx.NodeProto
 
 
 def simplify(model: onnx.ModelProto, *, use_rdp: bool = True, rdp=None,
-             weights: dict[str, np.ndarray] | None = None) -> tuple[onnx.ModelProto, SimplifyReport]:
+             weights: dict[str, np.ndarray] | None = None, fold_weights: bool = True
+             ) -> tuple[onnx.ModelProto, SimplifyReport]:
     """Return a simplified copy of ``model`` and what changed. Outputs stay equal.
 
     ``weights``: values of placeholder initializers when ``model`` is a skeleton (see
     graph.split_weights); updated in place (folded weights added, dead ones dropped).
+    ``fold_weights=False`` leaves BatchNormalization unfolded: the folded weights would be new
+    tensors in memory, outside a streamed weights window that holds the model's own.
     """
     if rdp is None and use_rdp:
         try:
-            from dynnet_ros.engine.rdp import analyze
-
             rdp = analyze(model)
         except Exception as exc:  # simplification without RDP still folds BN and Identity
             log.warning("RDP analysis failed (%s); simplifying without it", exc)
             rdp = None
-    r = _Rewriter(model, rdp, weights if weights is not None else {})
-    r.weights_external = weights is not None  # else new weights are embedded in the returned model
+    r = _Rewriter(model, rdp, weights)
     r.remove_identities()
-    r.fold_batchnorm()
+    if fold_weights:
+        r.fold_batchnorm()
     r.fold_known_values()
     r.reshape_targets()
     r.remove_noops()

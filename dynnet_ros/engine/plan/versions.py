@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Hashable
 
 from dynnet_ros.engine.plan.cache import LruCache
+from dynnet_ros.units import MB
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ class VersionManager:
 
     build: Callable[[Hashable], Version | None]      # runs on the worker thread
     hot_after: int = 3
-    budget_bytes: int = 64 * 2**20
+    budget_bytes: int = 64 * MB
     max_versions: int = 8
     enabled: bool = True
     uses: dict = field(default_factory=dict)

@@ -8,11 +8,12 @@ import os
 import re
 import time
 import warnings
-from pathlib import Path
 from typing import Mapping, Sequence
 
-import onnx
+import onnx.inliner
 from onnx import ModelProto
+
+from dynnet_ros.engine.model_io import ModelLike, load_model
 
 from .expr import Dim, Expr, floordiv, mul, substitute, sym
 from .fixpoint import GraphAnalyzer, derive_substitutions
@@ -40,18 +41,10 @@ def _gen_name(inp: str, axis: int, taken: set[str]) -> str:
     return name
 
 
-def load_model(model_or_path) -> tuple[ModelProto, str]:
+def _label(model_or_path: ModelLike) -> str:
     if isinstance(model_or_path, ModelProto):
-        return model_or_path, model_or_path.graph.name or "<model>"
-    if isinstance(model_or_path, (str, os.PathLike)):
-        p = Path(model_or_path)
-        if not p.exists():
-            raise FileNotFoundError(f"model file not found: {p}")
-        try:
-            return onnx.load(str(p), load_external_data=False), str(p)
-        except Exception as exc:  # noqa: BLE001 - a clear message for a bad file
-            raise ValueError(f"{p} is not a readable ONNX model: {exc}") from exc
-    raise ValueError(f"expected an onnx.ModelProto or a path, got {type(model_or_path).__name__}")
+        return model_or_path.graph.name or "<model>"
+    return os.fspath(model_or_path)
 
 
 def default_opset(model: ModelProto) -> int:
@@ -88,12 +81,11 @@ def analyze(model_or_path, input_shapes: Mapping[str, Sequence[int]] | None = No
 
 def _analyze(model_or_path, input_shapes, divisors) -> AnalysisResult:
     t0 = time.perf_counter()
-    model, label = load_model(model_or_path)
+    model = load_model(model_or_path, check=False, external_data=False)  # the graph, not the weights
+    label = _label(model_or_path)
     if len(model.functions):
         # model-local functions (e.g. torch.onnx dynamo exports): analyse their bodies
         try:
-            import onnx.inliner
-
             model = onnx.inliner.inline_local_functions(model)
         except Exception as exc:  # noqa: BLE001 - calls stay unknown ops (nac + warning)
             warnings.warn(f"RDP: could not inline model-local functions: {exc}", RuntimeWarning, stacklevel=3)
@@ -115,7 +107,7 @@ def _analyze(model_or_path, input_shapes, divisors) -> AnalysisResult:
         for d in (i.type.tensor_type.shape.dim if i.type.HasField("tensor_type") else []):
             if d.HasField("dim_param") and _usable(d.dim_param):
                 taken.add(d.dim_param)
-    pin_subst: dict[str, Dim] = {}
+    pin_subst: dict[str, int] = {}
     for i in graph_inputs:
         tt = i.type.tensor_type if i.type.HasField("tensor_type") else None
         if tt is None or not tt.HasField("shape"):
@@ -186,11 +178,11 @@ def _analyze(model_or_path, input_shapes, divisors) -> AnalysisResult:
     while True:
         rounds += 1
         inputs: dict[str, TensorInfo] = {}
-        for name, dims in raw_inputs.items():
-            if dims is None:
+        for name, in_dims in raw_inputs.items():
+            if in_dims is None:
                 inputs[name] = nac("model input without a shape", input_types[name])
             else:
-                inputs[name] = shaped(tuple(substitute(d, subst) for d in dims), input_types[name])
+                inputs[name] = shaped(tuple(substitute(d, subst) for d in in_dims), input_types[name])
         analyzer = GraphAnalyzer(opset, warned)
         res = analyzer.run(g, inputs)
         eliminable = {s: o for s, o in order.items() if s not in subst}
@@ -216,7 +208,7 @@ def _analyze(model_or_path, input_shapes, divisors) -> AnalysisResult:
     alias_info = {s: symbols[s] for s in aliases}
     live_symbols = {s: info for s, info in symbols.items() if s not in aliases and s not in pin_subst}
     # remaining requirements (after substitution) are re-checked by bind()
-    remaining = []
+    remaining: list[tuple[Dim, Dim, str]] = []
     for a, b, why in constraints:
         a2 = substitute(a, subst)
         if b is None:  # requirement a >= 0
@@ -226,12 +218,15 @@ def _analyze(model_or_path, input_shapes, divisors) -> AnalysisResult:
         b2 = substitute(b, subst)
         if a2 is not None and b2 is not None and a2 != b2:
             remaining.append((a2, b2, why))
+    input_dims: dict[str, list[Dim] | None] = {}
+    for name, raw in raw_inputs.items():
+        final = tensors[name].dims
+        input_dims[name] = None if raw is None or final is None else list(final)
     return AnalysisResult(
         model=label,
         seconds=time.perf_counter() - t0,
         symbols=live_symbols,
-        inputs={k: None if v is None else list(tensors[k].dims) if tensors[k].dims is not None else None
-                for k, v in raw_inputs.items()},
+        inputs=input_dims,
         tensors=tensors,
         nodes=recs,
         regions=regions,

@@ -26,7 +26,8 @@ def if_op(ctx: Ctx) -> list:
     cond = ctx.values(0)
     then_g, else_g = ctx.attr("then_branch"), ctx.attr("else_branch")
     an = ctx.analyzer
-    then_out = else_out = None
+    then_out: list[TensorInfo] = []
+    else_out: list[TensorInfo] = []
     taken = None
     if cond is not None and cond[0] is not None and len(cond) == 1:
         taken = bool(cond[0])
@@ -81,16 +82,19 @@ def loop_op(ctx: Ctx) -> list:
     trip: Dim = None
     cond_v = cond_in.value if cond_in is not None else None
     # body: (iter_num, cond, carried...) -> (cond, carried..., scan outputs...)
-    state = [_strip_value(c) if c is not None else nac("missing loop input") for c in carried]
+    state: list[TensorInfo | None] = [_strip_value(c) if c is not None else nac("missing loop input")
+                                      for c in carried]
     # with a known trip count M the iteration counter is a body-local symbol in [0, M-1]
     it_name = None
+    it_upper = 0
     if m_v is not None and isinstance(m_v[0], int) and m_v[0] >= 1:
         it_name = "__iter_" + re.sub(r"\W", "_", ctx.name)
+        it_upper = m_v[0] - 1
     iter_info = shaped((), TensorProto.INT64, (sym(it_name),) if it_name else None)
     cond_info = shaped((), TensorProto.BOOL, cond_v if cond_v is not None else None)
     res = None
     outs: list = []
-    with symbol_upper_bound(it_name or "__none__", (m_v[0] - 1) if it_name else 0):
+    with symbol_upper_bound(it_name or "__none__", it_upper):
         for _ in range(MAX_BODY_ROUNDS):
             res = ctx.analyzer.run_subgraph(body, [iter_info, cond_info] + state, ctx.scope, ctx.name + "/body")
             outs = [_forget(o, it_name) for o in _outputs(res, body)]
@@ -141,7 +145,7 @@ def scan_op(ctx: Ctx) -> list:
         a = (ax + len(t.dims)) % len(t.dims)
         seq = t.dims[a] if seq is None else seq
         slices.append(shaped(tuple(d for i, d in enumerate(t.dims) if i != a), t.dtype))
-    st = [_strip_value(s) for s in states]
+    st: list[TensorInfo | None] = [_strip_value(s) for s in states]
     if v8:
         st = [shaped(s.dims[1:], s.dtype) if s is not None and s.dims else nac("state rank unknown") for s in st]
     outs: list = []
@@ -152,7 +156,8 @@ def scan_op(ctx: Ctx) -> list:
         if new == st:
             break
         st = new
-    results = [shaped((batch,) + tuple(s.dims), s.dtype) if v8 and s.dims is not None else s for s in st]
+    results = [shaped((batch,) + tuple(s.dims), s.dtype) if v8 and s is not None and s.dims is not None else s
+               for s in st]
     out_axes = ctx.attr("scan_output_axes") or [0] * (len(outs) - n_state)
     for o, ax in zip(outs[n_state:], out_axes):
         if o is None or o.dims is None:

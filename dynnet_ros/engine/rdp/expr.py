@@ -22,14 +22,16 @@ import ast
 import contextlib
 import math
 from contextvars import ContextVar
-from typing import Iterable, Mapping, Union
+from fractions import Fraction
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping, Union, overload
 
 INF = math.inf
 
 Dim = Union[int, "Expr", None]
 
 # upper bounds of body-local symbols (a Loop's iteration counter): name -> max value
-_UPPER: ContextVar[dict] = ContextVar("rdp_symbol_upper", default={})
+_UPPER: ContextVar[Mapping[str, int]] = ContextVar("rdp_symbol_upper", default=MappingProxyType({}))
 
 
 @contextlib.contextmanager
@@ -47,6 +49,8 @@ class Atom:
     """Base of the non-polynomial building blocks; subclasses are immutable."""
 
     __slots__ = ("key", "_hash")
+    key: tuple[Any, ...]
+    _hash: int
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Atom) and self.key == other.key
@@ -85,6 +89,7 @@ class MinMax(Atom):
         self._hash = hash(self.key)
 
 
+AnyAtom = Union[Sym, FDiv, MinMax]  # the closed set of atom kinds
 Mono = tuple  # sorted tuple of atoms (repetition = power); () is the constant monomial
 
 
@@ -334,15 +339,16 @@ def _floordiv(a: "Expr", k: int) -> Dim:
         r = {m: c // g for m, c in r.items()}
         k //= g
     rexpr = Expr.from_dict(r)
+    if not isinstance(rexpr, Expr):  # r holds a non-constant monomial, so this is a bug
+        raise TypeError(f"floordiv residual {rexpr!r} of {a} is not symbolic")
     if k == 1:
         return add(qexpr, rexpr)
     # (a // m + c) // k == (a + m*c) // (m*k)
-    if isinstance(rexpr, Expr):
-        nonconst = [(m, c) for m, c in rexpr.terms if m != ()]
-        if len(nonconst) == 1 and nonconst[0][1] == 1 and len(nonconst[0][0]) == 1 \
-                and isinstance(nonconst[0][0][0], FDiv):
-            inner: FDiv = nonconst[0][0][0]
-            return add(qexpr, floordiv(add(inner.num, inner.den * rexpr.const), inner.den * k))
+    nonconst = [(m, c) for m, c in rexpr.terms if m != ()]
+    if len(nonconst) == 1 and nonconst[0][1] == 1 and len(nonconst[0][0]) == 1 \
+            and isinstance(nonconst[0][0][0], FDiv):
+        inner: FDiv = nonconst[0][0][0]
+        return add(qexpr, floordiv(add(inner.num, inner.den * rexpr.const), inner.den * k))
     # bounds: if 0 <= rexpr < k the atom is 0
     lo, hi = bounds(rexpr)
     if lo >= 0 and hi < k:
@@ -494,7 +500,7 @@ def _imul(a: tuple, b: tuple) -> tuple:
     return min(vals), max(vals)
 
 
-def _atom_bounds(a: Atom) -> tuple:
+def _atom_bounds(a: AnyAtom) -> tuple:
     if isinstance(a, Sym):
         return 0, _UPPER.get().get(a.name, INF)
     if isinstance(a, FDiv):
@@ -554,13 +560,26 @@ def provably_ne(d, v: int) -> bool:
 
 
 # --------------------------------------------------------------------------- evaluation
-def evaluate(d, env: Mapping[str, int]) -> int | None:
+@overload
+def evaluate(d: int | Expr, env: Mapping[str, int]) -> int: ...
+
+
+@overload
+def evaluate(d: None, env: Mapping[str, int]) -> None: ...
+
+
+def evaluate(d: Dim, env: Mapping[str, int]) -> int | None:
+    """Value of dim ``d`` with symbols bound by ``env`` (KeyError for an unbound symbol)."""
     if d is None:
         return None
     if isinstance(d, int):
         return d
+    return _evaluate_expr(d, env)
+
+
+def _evaluate_expr(e: Expr, env: Mapping[str, int]) -> int:
     total = 0
-    for m, c in d.terms:
+    for m, c in e.terms:
         v = c
         for a in m:
             v *= _eval_atom(a, env)
@@ -568,12 +587,12 @@ def evaluate(d, env: Mapping[str, int]) -> int | None:
     return total
 
 
-def _eval_atom(a: Atom, env) -> int:
+def _eval_atom(a: AnyAtom, env: Mapping[str, int]) -> int:
     if isinstance(a, Sym):
         return env[a.name]
     if isinstance(a, FDiv):
-        return evaluate(a.num, env) // a.den
-    vals = [evaluate(x, env) for x in a.args]
+        return _evaluate_expr(a.num, env) // a.den
+    vals = [_evaluate_expr(x, env) for x in a.args]
     return max(vals) if a.is_max else min(vals)
 
 
@@ -592,7 +611,7 @@ def substitute(d, mapping: Mapping[str, Dim]) -> Dim:
     return total
 
 
-def _subst_atom(a: Atom, mapping) -> Dim:
+def _subst_atom(a: AnyAtom, mapping: Mapping[str, Dim]) -> Dim:
     if isinstance(a, Sym):
         return mapping[a.name] if a.name in mapping else _atom_expr(a)
     if isinstance(a, FDiv):
@@ -601,7 +620,7 @@ def _subst_atom(a: Atom, mapping) -> Dim:
 
 
 # --------------------------------------------------------------------------- rendering
-def _render_atom(a: Atom, alone: bool) -> str:
+def _render_atom(a: AnyAtom, alone: bool) -> str:
     if isinstance(a, Sym):
         return a.name
     if isinstance(a, FDiv):
@@ -668,15 +687,15 @@ def parse(text: str, numeric_env: Mapping[str, int] | None = None) -> Dim:
         if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
             return mul(walk(n.operand), -1)
         if isinstance(n, ast.BinOp):
-            l, r = walk(n.left), walk(n.right)
+            lhs, rhs = walk(n.left), walk(n.right)
             if type(n.op) in _BINOPS:
-                return _BINOPS[type(n.op)](l, r)
+                return _BINOPS[type(n.op)](lhs, rhs)
             if isinstance(n.op, (ast.FloorDiv, ast.Mod)):
-                if not isinstance(r, int) or r <= 0:
-                    if isinstance(l, int) and isinstance(r, int) and r != 0:
-                        return l // r if isinstance(n.op, ast.FloorDiv) else l % r
+                if not isinstance(rhs, int) or rhs <= 0:
+                    if isinstance(lhs, int) and isinstance(rhs, int) and rhs != 0:
+                        return lhs // rhs if isinstance(n.op, ast.FloorDiv) else lhs % rhs
                     raise ValueError(f"division by a non-positive or symbolic value in {text!r}")
-                return floordiv(l, r) if isinstance(n.op, ast.FloorDiv) else mod(l, r)
+                return floordiv(lhs, rhs) if isinstance(n.op, ast.FloorDiv) else mod(lhs, rhs)
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("min", "max") \
                 and not n.keywords and n.args:
             args = [walk(a) for a in n.args]
@@ -750,7 +769,6 @@ def make_ratio(num, den: int):
 
 def as_ratio(x):
     """(num, den) of an int / Expr / Ratio / dyadic float, else None."""
-    from fractions import Fraction
 
     if isinstance(x, bool):
         return int(x), 1

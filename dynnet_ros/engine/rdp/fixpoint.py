@@ -9,17 +9,18 @@ terminates.  ``AnalysisResult.bind`` re-checks the requirements on real shapes.
 """
 from __future__ import annotations
 
+import heapq
 import logging
 import warnings
 from collections import ChainMap
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, MutableMapping
 
 import numpy as np
 from onnx import GraphProto, NodeProto, TensorProto, numpy_helper
 
 from . import ops  # noqa: F401 - registers every transfer function
-from .expr import Dim, Expr, Sym, exact_div, mul, substitute, sub
+from .expr import Dim, Expr, Sym, exact_div, mul, sub, substitute
 from .lattice import MAX_VALUE_ELEMS, TensorInfo, nac, shaped
 from .registry import REGISTRY, Ctx, ShapeError, custom_op
 
@@ -63,8 +64,8 @@ def initializer_info(init: TensorProto) -> TensorInfo:
     limit = _FLOAT_INIT_VALUES if is_float else MAX_VALUE_ELEMS
     if n <= limit and init.data_type != TensorProto.STRING:
         try:
-            arr = numpy_helper.to_array(init)
-            if arr.dtype.kind not in "biuf":
+            arr: np.ndarray | None = numpy_helper.to_array(init)
+            if arr is not None and arr.dtype.kind not in "biuf":
                 try:
                     arr = arr.astype(np.float64)
                 except (TypeError, ValueError):
@@ -112,8 +113,6 @@ def topo_order(nodes, available) -> list[int]:
         indeg[i] = len(deps)
         for d in deps:
             users.setdefault(d, []).append(i)
-    import heapq
-
     ready = [i for i in range(len(nodes)) if indeg[i] == 0]
     heapq.heapify(ready)
     order = []
@@ -156,8 +155,8 @@ class GraphAnalyzer:
         self.unknown_ops: dict[str, int] = {}
         self.subgraph_results: dict[str, GraphResult] = {}
 
-    def run(self, graph: GraphProto, inputs: Mapping[str, TensorInfo], outer: Mapping[str, TensorInfo] | None = None,
-            prefix: str = "") -> GraphResult:
+    def run(self, graph: GraphProto, inputs: Mapping[str, TensorInfo],
+            outer: MutableMapping[str, TensorInfo] | None = None, prefix: str = "") -> GraphResult:
         local: dict[str, TensorInfo] = {}
         for init in graph.initializer:
             local[init.name] = initializer_info(init)
@@ -167,7 +166,7 @@ class GraphAnalyzer:
         state = ChainMap(local, outer) if outer is not None else ChainMap(local)
         names = node_names(graph.node)
         order = topo_order(graph.node, state)
-        records: list[NodeRecord] = [None] * len(graph.node)  # type: ignore[list-item]
+        records: dict[int, NodeRecord] = {}  # by node index; the order covers every node
         constraints: list = []
         for i in order:
             node = graph.node[i]
@@ -178,7 +177,7 @@ class GraphAnalyzer:
                     local[o] = info
             records[i] = NodeRecord(name, node.op_type, node.domain, opdef_cat, list(node.input),
                                     list(node.output), any(a.type in (a.GRAPH, a.GRAPHS) for a in node.attribute))
-        return GraphResult(local, records, constraints, order)
+        return GraphResult(local, [records[i] for i in range(len(graph.node))], constraints, order)
 
     def eval_node(self, node: NodeProto, name: str, state, constraints: list) -> tuple[list, str]:
         op = node.op_type
@@ -283,6 +282,8 @@ def derive_substitutions(constraints: list, eliminable: Mapping[str, int]) -> tu
         if isinstance(diff, int):
             bad.append((a, b, why))
             continue
+        if diff is None:  # a2 and b2 are dims, and a difference of dims is a dim
+            raise TypeError(f"difference of {a2} and {b2} is not a dimension")
         cands = []
         for m, c in diff.terms:
             if len(m) == 1 and isinstance(m[0], Sym) and m[0].name in eliminable:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .expr import Dim, Expr
+from .expr import Dim, Expr, mul, to_json_dim
 
 # small tensors whose element values RDP tracks (shape tensors, axes, scales ...)
 MAX_VALUE_ELEMS = 4096
@@ -51,7 +51,6 @@ class TensorInfo:
         if self.dims is None:
             return None
         n: Dim = 1
-        from .expr import mul
 
         for d in self.dims:
             n = mul(n, d)
@@ -123,8 +122,6 @@ def meet(a: TensorInfo | None, b: TensorInfo | None) -> TensorInfo | None:
 
 
 def value_json(v: Any) -> Any:
-    from .expr import to_json_dim
-
     if isinstance(v, Expr):
         return str(v)
     if isinstance(v, float):

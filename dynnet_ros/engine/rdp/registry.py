@@ -13,7 +13,7 @@ from typing import Any, Callable
 import numpy as np
 from onnx import NodeProto, helper, numpy_helper
 
-from .expr import Dim, Expr
+from .expr import Dim, Expr, bounds
 from .lattice import TensorInfo, nac
 
 CATEGORIES = ("ISDO", "ISDOS", "ISVDOS", "EDO")
@@ -156,7 +156,6 @@ class Ctx:
 
     def require_nonneg(self, e: Dim, why: str) -> None:
         """Record ``e >= 0`` as a requirement of the inputs RDP's answer is valid for."""
-        from .expr import bounds
 
         if e is None:
             return

@@ -6,7 +6,7 @@ from typing import Mapping, Sequence
 
 from onnx import TensorProto
 
-from .expr import Dim, Expr, Sym, evaluate, to_json_dim
+from .expr import Dim, Expr, FDiv, Sym, evaluate, to_json_dim
 from .lattice import TensorInfo, value_json
 from .partition import Region
 
@@ -17,7 +17,6 @@ JSON_VALUE_MAX = 64
 
 def _multiple_of_symbol(d) -> tuple[str, int] | None:
     """``m*(s//m)`` (a symbol declared a multiple of m) -> (s, m)."""
-    from .expr import FDiv
 
     if not isinstance(d, Expr) or len(d.terms) != 1:
         return None
@@ -77,10 +76,13 @@ class AnalysisResult:
             dims = self.tensor_dims(name)
         except KeyError:
             return None
-        if dims is None or any(d is None for d in dims):
+        if dims is None:
+            return None
+        known = [d for d in dims if d is not None]
+        if len(known) != len(dims):
             return None
         try:
-            return tuple(evaluate(d, bindings) for d in dims)
+            return tuple(evaluate(d, bindings) for d in known)
         except KeyError as exc:
             raise ValueError(f"symbol {exc.args[0]!r} is not bound") from None
 
@@ -117,8 +119,8 @@ class AnalysisResult:
                         raise ValueError(f"symbol {sname} bound to {env[sname]} and to {s} "
                                          f"(input {name!r} axis {axis})")
                     env[sname] = s
-                elif _multiple_of_symbol(d) is not None:
-                    sname, m = _multiple_of_symbol(d)
+                elif (multiple := _multiple_of_symbol(d)) is not None:
+                    sname, m = multiple
                     if s % m:
                         raise ValueError(f"input {name!r} axis {axis}: {sname} = {s} is not a multiple of {m}")
                     if sname in env and env[sname] != s:

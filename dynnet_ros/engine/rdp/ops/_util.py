@@ -68,13 +68,14 @@ def broadcast_dim(a: Dim, b: Dim, ctx: Ctx | None = None) -> Dim:
 
 
 def broadcast_shapes(shapes: Sequence[tuple | None], ctx: Ctx | None = None) -> tuple | None:
-    if any(s is None for s in shapes):
+    ranked = [s for s in shapes if s is not None]
+    if len(ranked) != len(shapes):
         return None
-    rank = max((len(s) for s in shapes), default=0)
+    rank = max((len(s) for s in ranked), default=0)
     out = []
     for i in range(rank):
         d: Dim = 1
-        for s in shapes:
+        for s in ranked:
             j = i - (rank - len(s))
             if j >= 0:
                 d = broadcast_dim(d, s[j], ctx)
@@ -130,8 +131,8 @@ def _py(x):
 
 def value_elementwise(fn: Callable, infos: Sequence[TensorInfo], dtype: int) -> tuple | None:
     """Apply fn elementwise with broadcasting to known values (None-safe)."""
-    arrs = [to_array(t) for t in infos]
-    if any(a is None for a in arrs):
+    arrs = [a for a in (to_array(t) for t in infos) if a is not None]
+    if len(arrs) != len(infos):
         return None
     try:
         shape = np.broadcast_shapes(*[a.shape for a in arrs])

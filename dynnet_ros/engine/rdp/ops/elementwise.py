@@ -6,9 +6,9 @@ Values are propagated through the integer arithmetic that shape sub-graphs use
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
-
 from onnx import TensorProto
 
 from ..expr import Expr, Ratio, add, bounds, dmax, dmin, exact_div, floordiv, mul, ratio_floor, ratio_op, sub
@@ -89,7 +89,8 @@ def unary(ctx: Ctx) -> list:
 @register("Dropout", "ISDOS", "elementwise unary")
 def dropout(ctx: Ctx) -> list:
     t = same_shape(ctx)
-    outs = [TensorInfo(t.dims, t.dtype, ctx.inp(0).value if ctx.inp(0) else None, t.reason)]
+    x = ctx.inp(0)
+    outs = [TensorInfo(t.dims, t.dtype, x.value if x is not None else None, t.reason)]
     if ctx.n_out > 1:
         outs.append(TensorInfo(t.dims, TensorProto.BOOL if ctx.opset >= 10 else t.dtype, None, t.reason))
     return outs
@@ -240,7 +241,7 @@ def where(ctx: Ctx) -> list:
     return [shaped(dims, x.dtype, val, broadcast_reason([c.dims, x.dims, y.dims], dims))]
 
 
-_NP_FLOAT = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}
+_NP_FLOAT: dict[int, type[np.floating[Any]]] = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}
 
 
 def _round_float(v, dtype: int):

@@ -76,8 +76,8 @@ def stft(ctx: Ctx) -> list:
     x = ctx.inp(0)
     if x is None or x.dims is None:
         return [nac("input rank unknown")]
-    step = ctx.dim_values(1)
-    step = step[0] if step else None
+    steps = ctx.dim_values(1)
+    step = steps[0] if steps else None
     win = ctx.inp(2)
     if ctx.inp(3) is not None:
         fl = ctx.dim_values(3)
@@ -206,7 +206,8 @@ def causal_conv(ctx: Ctx) -> list:
 def linear_attention(ctx: Ctx) -> list:
     q, k, v = ctx.inp(0), ctx.inp(1), ctx.inp(2)
     hq, hkv = ctx.attr("q_num_heads"), ctx.attr("kv_num_heads")
-    if any(t is None or t.dims is None for t in (q, k, v)) or not hq or not hkv:
+    if q is None or q.dims is None or k is None or k.dims is None or v is None or v.dims is None \
+            or not hq or not hkv:
         return [nac("input rank unknown"), nac("input rank unknown")]
     dv = exact_div(v.dims[2], hkv)
     dk = exact_div(k.dims[2], hkv)
@@ -216,14 +217,14 @@ def linear_attention(ctx: Ctx) -> list:
 @register("Attention", "ISDOS", "attention")
 def attention(ctx: Ctx) -> list:
     q, k, v = ctx.inp(0), ctx.inp(1), ctx.inp(2)
-    if any(t is None or t.dims is None for t in (q, k, v)):
+    if q is None or q.dims is None or k is None or k.dims is None or v is None or v.dims is None:
         return [nac("input rank unknown") for _ in range(ctx.n_out)]
     hq, hkv = ctx.attr("q_num_heads"), ctx.attr("kv_num_heads")
     if len(q.dims) == 4:
         b, hq, sq, _ = q.dims
         _, hkv, skv, dk = k.dims
         dv = v.dims[3]
-        y = (b, hq, sq, dv)
+        y: tuple[Dim, ...] = (b, hq, sq, dv)
     else:
         b, sq = q.dims[0], q.dims[1]
         skv = k.dims[1]

@@ -8,7 +8,7 @@ from fractions import Fraction
 import numpy as np
 from onnx import TensorProto
 
-from ..expr import Dim, Expr, add, ceildiv, dmin, floordiv, mul, sub
+from ..expr import Dim, Expr, add, ceildiv, dmax, dmin, floordiv, mul, sub
 from ..lattice import TensorInfo, nac, shaped
 from ..registry import Ctx, ShapeError, register
 from ._util import broadcast_dim, broadcast_shapes, norm_axis, same_shape, to_array
@@ -37,14 +37,14 @@ def window_out(d: Dim, k: int, s: int, dil: int, pb: Dim, pe: Dim, auto_pad: str
     return dmin(out, add(floordiv(sub(add(d, pb), 1), s), 1))
 
 
-def _window(ctx: Ctx, x: TensorInfo, kernel: list[int], pool: bool) -> tuple | None:
+def _window(ctx: Ctx, sp: tuple, kernel: list[int], pool: bool) -> tuple:
+    """Output spatial dims of a Conv/pooling window sliding over spatial input dims ``sp``."""
     n_sp = len(kernel)
     strides = ctx.attr("strides") or [1] * n_sp
     dil = ctx.attr("dilations") or [1] * n_sp
     pads = ctx.attr("pads") or [0] * (2 * n_sp)
     auto_pad = ctx.attr("auto_pad", "NOTSET")
     ceil_mode = bool(ctx.attr("ceil_mode", 0)) if pool else False
-    sp = x.dims[2:]
     if pool and not ceil_mode and auto_pad in ("NOTSET", "VALID"):
         # onnxruntime truncates (not floors) when the window is larger than the padded
         # input; RDP's answer holds where the window fits, and bind() checks that
@@ -62,8 +62,9 @@ def conv(ctx: Ctx) -> list:
     xi, wi = (0, 3) if op == "QLinearConv" else (0, 1)
     x, w = ctx.inp(xi), ctx.inp(wi)
     dtype = TensorProto.INT32 if op == "ConvInteger" else (x.dtype if x else 0)
-    if op == "QLinearConv":
-        dtype = ctx.inp(7).dtype if ctx.inp(7) else dtype
+    y_zero_point = ctx.inp(7)
+    if op == "QLinearConv" and y_zero_point is not None:
+        dtype = y_zero_point.dtype
     if x is None or x.dims is None or w is None or w.dims is None:
         return [nac("input or weight rank unknown", dtype)]
     kernel = ctx.attr("kernel_shape") or list(w.dims[2:])
@@ -71,7 +72,7 @@ def conv(ctx: Ctx) -> list:
         return [shaped((x.dims[0], w.dims[0]) + (None,) * (len(x.dims) - 2), dtype, None, "kernel size unknown")]
     group = ctx.attr("group", 1)
     ctx.constrain(x.dims[1], mul(w.dims[1], group), "Conv input channels = weight channels * group")
-    sp = _window(ctx, x, kernel, False)
+    sp = _window(ctx, x.dims[2:], kernel, False)
     return [shaped((x.dims[0], w.dims[0]) + sp, dtype)]
 
 
@@ -90,21 +91,22 @@ def conv_transpose(ctx: Ctx) -> list:
     pads = ctx.attr("pads") or [0] * (2 * n_sp)
     auto_pad = ctx.attr("auto_pad", "NOTSET")
     c_out = mul(w.dims[1], group)
+    sp: tuple[Dim, ...]
     if out_shape:
         sp = tuple(out_shape[-n_sp:])
     else:
-        sp = []
+        sp_list: list[Dim] = []
         for i in range(n_sp):
             k = kernel[i]
             if not isinstance(k, int):
-                sp.append(None)
+                sp_list.append(None)
                 continue
             full = add(mul(strides[i], sub(x.dims[2 + i], 1)), outpad[i] + (k - 1) * dil[i] + 1)
             if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-                sp.append(mul(x.dims[2 + i], strides[i]))
+                sp_list.append(mul(x.dims[2 + i], strides[i]))
             else:
-                sp.append(sub(full, pads[i] + pads[i + n_sp]))
-        sp = tuple(sp)
+                sp_list.append(sub(full, pads[i] + pads[i + n_sp]))
+        sp = tuple(sp_list)
     return [shaped((x.dims[0], c_out) + sp, x.dtype)]
 
 
@@ -114,7 +116,7 @@ def pool(ctx: Ctx) -> list:
     if x is None or x.dims is None:
         return [nac("input rank unknown", x.dtype if x else 0)] * ctx.n_out
     kernel = ctx.attr("kernel_shape")
-    dims = tuple(x.dims[:2]) + _window(ctx, x, kernel, True)
+    dims = tuple(x.dims[:2]) + _window(ctx, x.dims[2:], kernel, True)
     outs = [shaped(dims, x.dtype)]
     if ctx.n_out > 1:
         outs.append(shaped(dims, TensorProto.INT64))
@@ -173,6 +175,8 @@ def matmul_dims(ctx: Ctx, a: tuple, b: tuple) -> tuple:
     B = b + (1,) if b1 else b
     ctx.constrain(A[-1], B[-2], "MatMul inner dims")
     batch = broadcast_shapes([A[:-2], B[:-2]], ctx)
+    if batch is None:  # only an unranked input gives None, and both are ranked here
+        raise TypeError("MatMul batch broadcast of ranked inputs returned no shape")
     out = batch + (A[-2], B[-1])
     if a1:
         out = out[:-2] + out[-1:]
@@ -187,8 +191,9 @@ def matmul(ctx: Ctx) -> list:
     ai, bi = (0, 3) if op == "QLinearMatMul" else (0, 1)
     a, b = ctx.inp(ai), ctx.inp(bi)
     dtype = TensorProto.INT32 if op == "MatMulInteger" else (a.dtype if a else 0)
-    if op == "QLinearMatMul" and ctx.inp(7) is not None:
-        dtype = ctx.inp(7).dtype
+    y_zero_point = ctx.inp(7)
+    if op == "QLinearMatMul" and y_zero_point is not None:
+        dtype = y_zero_point.dtype
     if a is None or a.dims is None or b is None or b.dims is None:
         return [nac("input rank unknown", dtype)]
     return [shaped(matmul_dims(ctx, a.dims, b.dims), dtype)]
@@ -260,7 +265,8 @@ def einsum(ctx: Ctx) -> list:
 def batch_norm(ctx: Ctx) -> list:
     x = same_shape(ctx)
     outs = [x]
-    c = ctx.inp(1).dims if ctx.inp(1) is not None else None
+    scale = ctx.inp(1)
+    c = scale.dims if scale is not None else None
     if c is not None and len(c) == 1 and x.dims is not None and len(x.dims) >= 2:
         ctx.constrain(x.dims[1], c[0], "BatchNormalization scale has C elements")
     for _ in range(ctx.n_out - 1):
@@ -404,7 +410,8 @@ def resize(ctx: Ctx) -> list:
 
 
 # ----------------------------------------------------------------- reductions
-REDUCE = "ReduceL1 ReduceL2 ReduceLogSum ReduceLogSumExp ReduceMax ReduceMean ReduceMin ReduceProd ReduceSum ReduceSumSquare".split()
+REDUCE = ("ReduceL1 ReduceL2 ReduceLogSum ReduceLogSumExp ReduceMax ReduceMean ReduceMin ReduceProd ReduceSum "
+          "ReduceSumSquare").split()
 
 
 @register(REDUCE, "ISVDOS", "reduce", values_since={n: (13 if n == "ReduceSum" else 18) for n in REDUCE})
@@ -437,14 +444,13 @@ def reduce(ctx: Ctx) -> list:
     val = None
     if x.value is not None and op in ("ReduceProd", "ReduceSum", "ReduceMax", "ReduceMin"):
         arr = to_array(x)
-        if arr is not None and all(v is not None for v in x.value) and (arr.size > 0 or op in ("ReduceProd", "ReduceSum")):
-            from ..expr import dmax as _dmax, dmin as _dmin
-
+        if arr is not None and all(v is not None for v in x.value) \
+                and (arr.size > 0 or op in ("ReduceProd", "ReduceSum")):
             def _num(f, g):
                 return lambda a, b: f(a, b) if isinstance(a, Expr) or isinstance(b, Expr) else g(a, b)
 
             fn = {"ReduceProd": _num(mul, lambda a, b: a * b), "ReduceSum": _num(add, lambda a, b: a + b),
-                  "ReduceMax": _num(_dmax, max), "ReduceMin": _num(_dmin, min)}[op]
+                  "ReduceMax": _num(dmax, max), "ReduceMin": _num(dmin, min)}[op]
             init = {"ReduceProd": 1, "ReduceSum": 0}.get(op)
             res = _reduce_obj(arr, sorted(ax), fn, init, keep)
             if res is not None:

@@ -2,11 +2,13 @@
 is known, else one merged element info."""
 from __future__ import annotations
 
+from typing import Sequence
+
 from onnx import TensorProto
 
-from ..expr import add
+from ..expr import Dim, add
 from ..lattice import TensorInfo, meet, nac, seq_info, shaped
-from ..registry import Ctx, register
+from ..registry import Ctx, ShapeError, register
 from ._util import norm_axis
 
 
@@ -102,13 +104,14 @@ def split_to_sequence(ctx: Ctx) -> list:
     sp = ctx.inp(1)
     if sp is None:
         if not isinstance(d, int):
-            e = t.dims[:axis] + ((1,) if keep else ()) + t.dims[axis + 1:]
-            return [seq_info(shaped(e, t.dtype), None)]
+            e_dims = t.dims[:axis] + ((1,) if keep else ()) + t.dims[axis + 1:]
+            return [seq_info(shaped(e_dims, t.dtype), None)]
         e = shaped(t.dims[:axis] + ((1,) if keep else ()) + t.dims[axis + 1:], t.dtype)
         return [seq_info(e, (e,) * d)]
     v = ctx.dim_values(1)
     if v is None:
         return [seq_info(shaped(t.dims[:axis] + (None,) + t.dims[axis + 1:], t.dtype), None)]
+    sizes: Sequence[Dim]
     if sp.dims == ():
         size = v[0]
         if isinstance(d, int) and isinstance(size, int) and size > 0:
@@ -131,16 +134,17 @@ def concat_from_sequence(ctx: Ctx) -> list:
     if s.seq_items is not None and s.seq_items and all(i.dims is not None for i in s.seq_items):
         r = len(s.seq_items[0].dims)
         axis = norm_axis(ctx.attr("axis"), r + 1 if new_axis else r)
+        e = _elem_of(s.seq_items)
+        if e is None or e.dims is None:  # the items are ranked, so only differing ranks get here
+            raise ShapeError("ConcatFromSequence of items with different ranks")
         if new_axis:
             base = list(s.seq_items[0].dims)
             base.insert(axis, len(s.seq_items))
-            e = _elem_of(s.seq_items)
             for i, d in enumerate(e.dims):
                 base[i if i < axis else i + 1] = d
             return [shaped(base, e.dtype)]
-        e = _elem_of(s.seq_items)
         dims = list(e.dims)
-        tot = 0
+        tot: Dim = 0
         for it in s.seq_items:
             tot = add(tot, it.dims[axis])
         dims[axis] = tot

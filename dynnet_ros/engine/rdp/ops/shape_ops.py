@@ -7,11 +7,27 @@ for small integer tensors); Transpose, Concat, Gather ... (ISDOS).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from onnx import TensorProto
 
-from ..expr import Dim, Expr, Ratio, add, bounds, ceildiv, dmax, dmin, exact_div, floordiv, mul, ratio_floor, ratio_op, sub
+from ..expr import (
+    Dim,
+    Expr,
+    Ratio,
+    add,
+    bounds,
+    ceildiv,
+    dmax,
+    dmin,
+    exact_div,
+    floordiv,
+    mul,
+    ratio_floor,
+    ratio_op,
+    sub,
+)
 from ..lattice import MAX_VALUE_ELEMS, TensorInfo, nac, shaped
 from ..registry import Ctx, ShapeError, register
 from ._util import broadcast_shapes, concrete, from_array, norm_axis, to_array
@@ -110,39 +126,42 @@ def constant_of_shape(ctx: Ctx) -> list:
 
 @register("Range", "ISVDOS", "shape")
 def range_op(ctx: Ctx) -> list:
-    dtype = ctx.inp(0).dtype if ctx.inp(0) else 0
-    s, l, d = (ctx.values(i) for i in range(3))
-    if s is None or l is None or d is None:
+    start = ctx.inp(0)
+    dtype = start.dtype if start is not None else 0
+    sv, lv, dv = (ctx.values(i) for i in range(3))
+    if sv is None or lv is None or dv is None:
         return [shaped((None,), dtype, None, "Range start/limit/delta unknown")]
-    s, l, d = s[0], l[0], d[0]
-    if any(x is None for x in (s, l, d)):
+    s, lim, d = sv[0], lv[0], dv[0]
+    if any(x is None for x in (s, lim, d)):
         return [shaped((None,), dtype, None, "Range start/limit/delta unknown")]
-    if all(isinstance(x, (int, float)) for x in (s, l, d)):
+    if all(isinstance(x, (int, float)) for x in (s, lim, d)):
         if d == 0:
             raise ShapeError("Range delta is 0")
-        np_t = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}.get(dtype)
+        float_types: dict[int, type[np.floating[Any]]] = {TensorProto.FLOAT: np.float32,
+                                                          TensorProto.FLOAT16: np.float16}
+        np_t = float_types.get(dtype)
         if np_t is not None:  # onnxruntime: ceil(double(limit - start in T) / delta)
-            diff = float(np_t(l) - np_t(s))
+            diff = float(np_t(lim) - np_t(s))
             n = max(int(math.ceil(diff / float(np_t(d)))), 0)
         else:
-            n = max(int(math.ceil((l - s) / d)), 0)
+            n = max(int(math.ceil((lim - s) / d)), 0)
         val = None
         if n <= MAX_VALUE_ELEMS:
             val = tuple(s + i * d for i in range(n))
         return [shaped((n,), dtype, val)]
     # integral floats next to an integral symbolic value behave like ints
-    s, l, d = (int(x) if isinstance(x, float) and x.is_integer() else x for x in (s, l, d))
-    if isinstance(d, int) and d != 0 and not isinstance(s, (float, Ratio)) and not isinstance(l, (float, Ratio)):
-        n = ceildiv(sub(l, s), d) if d > 0 else ceildiv(sub(s, l), -d)
-        return [shaped((dmax(n, 0),), dtype)]
+    s, lim, d = (int(x) if isinstance(x, float) and x.is_integer() else x for x in (s, lim, d))
+    if isinstance(d, int) and d != 0 and not isinstance(s, (float, Ratio)) and not isinstance(lim, (float, Ratio)):
+        count = ceildiv(sub(lim, s), d) if d > 0 else ceildiv(sub(s, lim), -d)
+        return [shaped((dmax(count, 0),), dtype)]
     # exact dyadic float arithmetic: n = ceil((limit - start) / delta)
     if isinstance(d, (int, float)) and d != 0:
-        q = ratio_op("Div", ratio_op("Sub", l, s), d)
-        n = q if isinstance(q, (int, Expr)) else (ratio_floor(q, ceil=True) if isinstance(q, Ratio) else None)
+        q = ratio_op("Div", ratio_op("Sub", lim, s), d)
+        count = q if isinstance(q, (int, Expr)) else (ratio_floor(q, ceil=True) if isinstance(q, Ratio) else None)
         if isinstance(q, float):
-            n = math.ceil(q)
-        if n is not None:
-            return [shaped((dmax(n, 0),), dtype)]
+            count = math.ceil(q)
+        if count is not None:
+            return [shaped((dmax(count, 0),), dtype)]
     return [shaped((None,), dtype, None, "Range over symbolic floats that are not exact")]
 
 
@@ -150,6 +169,7 @@ def range_op(ctx: Ctx) -> list:
 @register("Reshape", "ISVDOS", "reshape", values_since=5)
 def reshape(ctx: Ctx) -> list:
     t = ctx.inp(0)
+    target: list[Dim] | None
     if ctx.opset < 5:
         target = [int(x) for x in ctx.attr("shape", [])]
     else:
@@ -223,7 +243,7 @@ def squeeze(ctx: Ctx) -> list:
     if t is None or t.dims is None or axes is None:
         return [nac("Squeeze axes or input rank unknown", t.dtype if t else 0)]
     r = len(t.dims)
-    if axes == "absent":
+    if isinstance(axes, str):  # "absent"
         keep = []
         for d in t.dims:
             if d == 1:
@@ -247,7 +267,7 @@ def _ne1(d) -> bool:
 def unsqueeze(ctx: Ctx) -> list:
     t = ctx.inp(0)
     axes = _axes_input(ctx, 13)
-    if t is None or t.dims is None or axes is None or axes == "absent":
+    if t is None or t.dims is None or axes is None or isinstance(axes, str):  # str: "absent"
         return [nac("Unsqueeze axes or input rank unknown", t.dtype if t else 0)]
     r = len(t.dims) + len(axes)
     ax = sorted(norm_axis(a, r) for a in axes)
@@ -303,8 +323,9 @@ def tile(ctx: Ctx) -> list:
     dims = [mul(d, r) for d, r in zip(t.dims, reps)]
     val = None
     a = to_array(t)
-    if a is not None and all(isinstance(r, int) for r in reps):
-        res = np.tile(a, reps)
+    int_reps = [r for r in reps if isinstance(r, int)]
+    if a is not None and len(int_reps) == len(reps):
+        res = np.tile(a, int_reps)
         if res.size <= MAX_VALUE_ELEMS:
             val = tuple(res.reshape(-1).tolist())
     return [shaped(dims, t.dtype, val)]
@@ -337,6 +358,7 @@ def concat(ctx: Ctx) -> list:
         return [nac("input ranks unknown", dtype)]
     r = len(ranked[0].dims)
     axis = norm_axis(ctx.attr("axis", 0), r)
+    dims: list[Dim]
     if any(t.dims is None for t in ins):
         dims = [None] * r
         for i in range(r):
@@ -350,8 +372,8 @@ def concat(ctx: Ctx) -> list:
         else:
             dims.append(_merge_equal(ctx, [t.dims[i] for t in ins], "Concat non-axis dims"))
     val = None
-    arrs = [to_array(t) for t in ins]
-    if all(a is not None for a in arrs):
+    arrs = [a for a in (to_array(t) for t in ins) if a is not None]
+    if len(arrs) == len(ins):
         res = np.concatenate(arrs, axis=axis)
         if res.size <= MAX_VALUE_ELEMS:
             val = tuple(res.reshape(-1).tolist())
@@ -409,15 +431,22 @@ def split(ctx: Ctx) -> list:
 
 
 # ----------------------------------------------------------------- Slice
+def _clamp_int(x: int, d: int, step: int, is_end: bool) -> int:
+    """:func:`_clamp` of a concrete value on a concrete axis."""
+    lo_neg = -1 if (is_end and step < 0) else 0
+    hi_off = 0 if step > 0 else 1
+    if x < 0:
+        x += d
+    return min(max(x, lo_neg), d - hi_off)
+
+
 def _clamp(x: Dim, d: Dim, step: int, is_end: bool) -> Dim:
     """ONNX Slice clamping (negative values count from the end): starts to [0, d] (step > 0) or
     [0, d-1] (step < 0); ends to [0, d] or [-1, d-1].  Note: not Python's rule for starts."""
+    if isinstance(x, int) and isinstance(d, int):
+        return _clamp_int(x, d, step, is_end)
     lo_neg = -1 if (is_end and step < 0) else 0
     hi_off = 0 if step > 0 else 1
-    if isinstance(x, int) and isinstance(d, int):
-        if x < 0:
-            x += d
-        return min(max(x, lo_neg), d - hi_off)
     top = sub(d, hi_off)
     if isinstance(x, int):
         if x >= BIG:
@@ -449,8 +478,8 @@ def slice_len(d: Dim, start: Dim, end: Dim, step: int) -> Dim:
 
 
 def _concrete_slice(d: int, start: int, end: int, step: int) -> slice:
-    s = _clamp(start, d, step, False)
-    e = _clamp(end, d, step, True)
+    s = _clamp_int(start, d, step, False)
+    e = _clamp_int(end, d, step, True)
     return slice(s, None if e < 0 else e, step)
 
 
@@ -650,7 +679,7 @@ def nonzero(ctx: Ctx) -> list:
     if t is None or t.dims is None:
         return [shaped((None, None), TensorProto.INT64, None, "NonZero count depends on data")]
     arr = to_array(t)
-    if arr is not None and all(x is not None and not isinstance(x, Expr) for x in t.value):
+    if arr is not None and t.value is not None and all(x is not None and not isinstance(x, Expr) for x in t.value):
         nz = np.nonzero(np.array(arr.tolist(), dtype=float).reshape(arr.shape) if arr.size else np.zeros(arr.shape))
         res = np.array(nz, dtype=np.int64).reshape(len(t.dims), -1)
         return [from_array(res, TensorProto.INT64)]
@@ -665,23 +694,23 @@ def unique(ctx: Ctx) -> list:
     if t is None or t.dims is None:
         return [nac(why) for _ in range(ctx.n_out)]
     arr = to_array(t)
-    if arr is not None and all(isinstance(v, (int, float, bool)) for v in t.value):
+    if arr is not None and t.value is not None and all(isinstance(v, (int, float, bool)) for v in t.value):
         a = np.array(arr.tolist(), dtype=float).reshape(arr.shape)
         ax = None if axis is None else norm_axis(axis, len(t.dims))
         u = np.unique(a, axis=ax) if ax is not None else np.unique(a)
         k = u.shape[ax] if ax is not None else u.size
         ydims = (k,) if ax is None else t.dims[:ax] + (k,) + t.dims[ax + 1:]
-        inv = (a.size,) if ax is None else (t.dims[ax],)
-        outs = [shaped(ydims, t.dtype), shaped((k,), TensorProto.INT64), shaped(inv, TensorProto.INT64),
+        inv_dims = (a.size,) if ax is None else (t.dims[ax],)
+        outs = [shaped(ydims, t.dtype), shaped((k,), TensorProto.INT64), shaped(inv_dims, TensorProto.INT64),
                 shaped((k,), TensorProto.INT64)]
         return outs[:ctx.n_out]
     if axis is None:
         y = shaped((None,), t.dtype, None, why)
         inv = shaped((t.numel(),), TensorProto.INT64)
     else:
-        a = norm_axis(axis, len(t.dims))
-        y = shaped(t.dims[:a] + (None,) + t.dims[a + 1:], t.dtype, None, why)
-        inv = shaped((t.dims[a],), TensorProto.INT64)
+        a_n = norm_axis(axis, len(t.dims))
+        y = shaped(t.dims[:a_n] + (None,) + t.dims[a_n + 1:], t.dtype, None, why)
+        inv = shaped((t.dims[a_n],), TensorProto.INT64)
     idx = shaped((None,), TensorProto.INT64, None, why)
     return [y, idx, inv, shaped((None,), TensorProto.INT64, None, why)][:ctx.n_out]
 

@@ -1,0 +1,174 @@
+"""Every node stops on the first SIGINT/SIGTERM, in every phase and whichever peers left first.
+
+A single node (run_node around a stand-in factory) is stopped while it builds and while a callback
+runs; then the whole graph (`dynnet up`'s GraphRunner) is started and stopped ten times, in three
+stop orders, and no node may need SIGTERM or SIGKILL. The only timeouts are the generous
+escalation steps themselves.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import yaml
+from diagnostic_msgs.msg import DiagnosticArray
+
+from dynnet_ros.commands.up import GraphRunner
+from dynnet_ros.graph_config import default_config_path, parse_graph
+from dynnet_ros.nodes.background import BackgroundNode
+from dynnet_ros.zoo import ensure_model
+
+pytestmark = pytest.mark.timeout(600)
+
+MODEL_NODES = ("lane_node", "pedestrian_node", "depth_node")
+ESCALATION_TIMEOUT_S = 20.0  # far above a clean stop; only a hang reaches it
+
+# A node whose construction, or one timer callback, takes `delay` seconds; it says when it gets there.
+STAND_IN = textwrap.dedent("""
+    import sys, time
+    from rclpy.node import Node
+    from dynnet_ros.nodes.base import run_node
+
+    phase, delay = sys.argv[1], float(sys.argv[2])
+
+    class StandIn(Node):
+        def __init__(self):
+            super().__init__("stand_in")
+            if phase == "build":
+                print("building", flush=True)
+                time.sleep(delay)
+            self.create_timer(0.05, self.slow)
+
+        def slow(self):
+            if phase == "callback":
+                print("in callback", flush=True)
+                time.sleep(delay)
+
+    sys.exit(run_node(StandIn))
+""")
+
+
+def stand_in(phase: str, delay: float, sig: int) -> tuple[int, str]:
+    proc = subprocess.Popen([sys.executable, "-c", STAND_IN, phase, str(delay)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    marker = "building" if phase == "build" else "in callback"
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if marker in line:
+            break
+    proc.send_signal(sig)
+    try:
+        code = proc.wait(timeout=ESCALATION_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"{phase}: still running {ESCALATION_TIMEOUT_S:.0f} s after {signal.Signals(sig).name}")
+    return code, "".join(lines) + proc.stdout.read()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_the_node_is_built_stops_it(sig):
+    code, out = stand_in("build", 600.0, sig)
+    assert code == 0 and "Traceback" not in out, out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_callback_that_does_not_finish_does_not_hold_the_process(sig):
+    code, out = stand_in("callback", 600.0, sig)
+    assert code == 0 and "still running" in out and "Traceback" not in out, out
+
+
+def light_graph() -> dict:
+    """The vehicle graph with a small, slow camera: the cycles test shutdown, not throughput."""
+    data = yaml.safe_load(default_config_path().read_text())
+    for node in data["nodes"]:
+        params = node.setdefault("parameters", {})
+        if node["name"] == "sensor_sim":
+            params.update(rate_hz=2.0, resolutions=["160x120"], lidar_azimuth_steps=64)
+        if node["name"] in MODEL_NODES:
+            params.update(max_input_side=160)
+        if node["name"] == "budget_manager":
+            params.update(rate_hz=2.0, min_interval_s=0.0)  # budget pushes keep flowing up to the stop
+    return data
+
+
+class Reporters:
+    """Which nodes of one namespace have published diagnostics (they spin, their services are up)."""
+
+    def __init__(self, namespace: str) -> None:
+        self.ros = BackgroundNode("shutdown_test_observer")
+        self.prefix = namespace + "/"
+        self.names: set[str] = set()
+        self.lock = threading.Lock()
+        self.ros.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 100)
+        self.ros.start()
+
+    def _on_diag(self, msg: DiagnosticArray) -> None:
+        with self.lock:
+            for status in msg.status:
+                if status.hardware_id.startswith(self.prefix):
+                    self.names.add(status.hardware_id[len(self.prefix):])
+
+    def clear(self) -> None:
+        with self.lock:
+            self.names.clear()
+
+    def all_of(self, names) -> bool:
+        with self.lock:
+            return set(names) <= self.names
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def test_ten_graph_start_stop_cycles_need_no_escalation():
+    for task in ("lane", "pedestrian", "depth"):
+        ensure_model(task)
+    namespace = f"/shutdown_{os.getpid()}"
+    graph = parse_graph(light_graph(), "light graph")
+    names = [n.name for n in graph.nodes]
+    reporters = Reporters(namespace)
+    # stop orders: everything at once; model nodes first (the budget manager's peers gone first);
+    # the budget manager first
+    orders = [(), MODEL_NODES, ("budget_manager",)]
+    try:
+        for cycle in range(10):
+            reporters.clear()
+            log: list[str] = []
+            runner = GraphRunner(graph, namespace=namespace, sink=lambda name, line: log.append(f"[{name}] {line}"))
+            try:
+                runner.start()
+                wait_for(lambda: reporters.all_of(names) or runner.dead(), 180, f"cycle {cycle}: all nodes up")
+                assert not runner.dead(), "\n".join(log[-80:])
+                first = [c for c in runner.children if c.node.name in orders[cycle % len(orders)]]
+                for child in first:
+                    os.killpg(child.proc.pid, signal.SIGINT)
+                for child in first:
+                    try:
+                        child.proc.wait(timeout=ESCALATION_TIMEOUT_S)
+                    except subprocess.TimeoutExpired:
+                        pass
+                hung = [c.node.name for c in first if c.proc.poll() is None]
+            finally:
+                codes = runner.stop(int_timeout=ESCALATION_TIMEOUT_S)
+            order = orders[cycle % len(orders)] or "all at once"
+            assert not hung, f"cycle {cycle}: {hung} still running after SIGINT\n" + "\n".join(log[-80:])
+            assert not runner.escalated, f"cycle {cycle} ({order}): {runner.escalated}\n" + "\n".join(log[-80:])
+            assert all(code == 0 for code in codes.values()), f"cycle {cycle} ({order}): {codes}"
+            assert not [line for line in log if "Traceback" in line], "\n".join(log[-80:])
+    finally:
+        reporters.ros.close()
