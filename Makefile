@@ -1,5 +1,5 @@
 # dynnet_ros — developer entry points. `make demo` and `make test` work on a fresh
-# Debian/Ubuntu machine with Python >= 3.10 and no ROS installed: they build .venv from
+# Debian/Ubuntu machine with Python >= 3.11 and no ROS installed: they build .venv from
 # PyPI (ROS 2 Kilted wheels included) and install this package editable.
 
 PYTHON ?= python3
@@ -31,10 +31,21 @@ $(VENV)/.stamp: requirements.txt requirements-dev.txt setup.py package.xml
 
 venv: $(VENV)/.stamp
 
+# ROS 2 launch + launch_ros (no PyPI wheels) for test/test_launch.py, from the kit beside the repo
+# (CI clones ../shared next to it); without the kit, that test skips and says why.
+LAUNCH_KIT ?= ../shared/vendor/ros2-launch
+ifneq ($(wildcard $(LAUNCH_KIT)/install.sh),)
+LAUNCH_STAMP := $(VENV)/.launch-kit
+$(LAUNCH_STAMP): $(VENV)/.stamp requirements-launch.txt $(LAUNCH_KIT)/install.sh
+	$(PY) -m pip install --quiet -r requirements-launch.txt
+	bash $(LAUNCH_KIT)/install.sh $(VENV)
+	touch $@
+endif
+
 zoo: venv
 	$(VENV)/bin/dynnet zoo build
 
-test: venv
+test: venv $(LAUNCH_STAMP)
 	$(PY) -m pytest test $(PYTEST_ARGS)
 
 lint: venv

@@ -132,6 +132,7 @@ def default_config_path() -> Path:
     if checkout.is_file():
         return checkout
     try:
+        # optional: ament_index_python exists only where ROS is installed or its wheel was added
         from ament_index_python.packages import PackageNotFoundError, get_package_share_directory
 
         try:

@@ -14,6 +14,7 @@ from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
 from dynnet_ros.graph_config import PACKAGE, default_config_path, graph_processes, load_graph
+from dynnet_ros.nodes.parameter_check import check_graph_parameters
 
 
 def _default_config() -> str:
@@ -31,7 +32,9 @@ def _default_config() -> str:
 def _nodes(context, *args, **kwargs):
     """Resolve the launch arguments, then one launch_ros Node per process of `graph_processes`
     (the function `dynnet up` starts its processes from)."""
-    graph = load_graph(LaunchConfiguration("config").perform(context))
+    path = LaunchConfiguration("config").perform(context)
+    graph = load_graph(path)
+    check_graph_parameters(graph, path)  # a bad value stops the launch here, naming file, node and parameter
     use_sim = LaunchConfiguration("use_sim").perform(context).strip().lower() == "true"
     namespace = LaunchConfiguration("namespace").perform(context).strip()
     return [

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -54,6 +55,15 @@ def test_allocation_respects_total_and_bounds(specs, total):
     else:
         assert alloc.infeasible and alloc.pressure
         assert alloc.budgets == {s.name: s.min_mb for s in specs}
+        # the priority rule: the covered nodes' minimums fit, and each starved node's does not
+        # fit next to the higher-priority covered ones
+        assert alloc.starved
+        covered = [s for s in specs if s.name not in alloc.starved]
+        assert sum(s.min_mb for s in covered) <= total + 1e-6
+        for name in alloc.starved:
+            node = next(s for s in specs if s.name == name)
+            ahead = [s for s in covered if (-s.weight, s.min_mb, s.name) < (-node.weight, node.min_mb, node.name)]
+            assert sum(s.min_mb for s in ahead) + node.min_mb > total
 
 
 @given(specs_lists, st.floats(0, 3000), st.floats(0, 1000))
@@ -336,12 +346,89 @@ def test_profile_hold_keeps_the_largest_input_bounds_within_its_window():
     small = _profile("/n", min_mb=20.2, full_mb=60.1, table=((20.2, 50.0), (60.1, 30.0)))
     large = _profile("/n", min_mb=35.3, full_mb=101.0, table=((35.3, 90.0), (101.0, 60.0)))
     hold = ProfileHold(window_s=30.0, quantum_mb=0.5)
-    first = hold.update(small, 0.0)
-    assert (first.min_mb, first.full_mb) == (20.5, 60.5)
+    first = hold.update(small, 0.0, "256x320")
+    assert (first.min_mb, first.full_mb, first.min_by_size, first.measured) == (20.5, 60.5, {"256x320": 20.5}, True)
     for t in range(1, 20):  # the camera alternates resolutions
-        out = hold.update(large if t % 2 else small, float(t))
+        size = "480x640" if t % 2 else "256x320"
+        out = hold.update(large if t % 2 else small, float(t), size)
         assert (out.min_mb, out.full_mb, out.table) == (35.5, 101.0, large.table)
-    assert hold.update(small, 60.0).min_mb == 20.5  # the large size is gone for a whole window
+        assert out.size == size and out.min_by_size == {"256x320": 20.5, "480x640": 35.5}
+    late = hold.update(small, 60.0, "256x320")  # the large size is gone for a whole window
+    assert late.min_mb == 20.5 and late.min_by_size == {"256x320": 20.5}
+
+
+def test_profile_before_the_first_frame_is_not_measured_and_gets_no_budget():
+    hold = ProfileHold()
+    estimate = hold.update(_profile("/a", min_mb=20.0, held_mb=60.0, anon_held_mb=50.0), 0.0, None)
+    assert not estimate.measured and estimate.size is None and estimate.min_by_size == {}
+    assert not ModelProfile.from_json(estimate.to_json()).measured
+    planner = BudgetPlanner(ManagerConfig(pool=PoolConfig(reserve_mb=0.0, total_budget_mb=200.0)))
+    planner.observe_profile(estimate, 0.0)
+    planner.observe_profile(_profile("/b", held_mb=30.0), 0.0)
+    ev = planner.evaluate(_reading(100000), 0.0)
+    # the waiting node keeps what it holds (its anonymous 50 MB); the others split the rest
+    assert set(ev.pushes) == {"/b"} and ev.report.waiting == ["/a"] and "/a" not in ev.report.nodes
+    assert ev.report.total_mb == pytest.approx(150.0)
+    measured = hold.update(_profile("/a", min_mb=20.0), 1.0, "256x320")
+    assert measured.measured
+    planner.observe_profile(measured, 1.0)
+    assert planner.due(_reading(100000), 1.0) == "/a profile changed"
+    assert "/a" in planner.evaluate(_reading(100000), 1.0).pushes
+
+
+@given(st.lists(st.tuples(st.sampled_from(["256x320", "384x640", "480x640"]), st.floats(5, 80),
+                          st.floats(0, 60)), min_size=1, max_size=12),
+       st.floats(0, 400), st.floats(1, 3))
+@settings(max_examples=200, deadline=None)
+def test_budget_never_below_the_minimum_of_a_size_class_the_node_announced(frames, pool, weight):
+    """Whatever sizes the camera cycles through, the manager's target for a node is at least the
+    node's minimum at every size class it announced, the current one included."""
+    hold = ProfileHold(window_s=1000.0)
+    cfg = ManagerConfig(pool=PoolConfig(reserve_mb=0.0, total_budget_mb=max(pool, 1.0)),
+                        hysteresis=Hysteresis(8.0, 0.05, 2.0), nodes=(NodeConfig("a", priority=weight),))
+    planner = BudgetPlanner(cfg)
+    other = _profile("/b", min_mb=30.0, full_mb=90.0, table=((30.0, 60.0), (90.0, 20.0)))
+    for t, (size, min_mb, extra) in enumerate(frames):
+        raw = _profile("/a", min_mb=min_mb, full_mb=min_mb + extra,
+                       table=((min_mb, 100.0), (min_mb + extra, 50.0)), budget_mb=planner.applied_mb("/a"))
+        published = ModelProfile.from_json(hold.update(raw, float(t), size).to_json())
+        planner.observe_profile(published, float(t))
+        planner.observe_profile(replace(other, budget_mb=planner.applied_mb("/b")), float(t))
+        ev = planner.evaluate(_reading(100000), float(t))
+        for name, mb in ev.pushes.items():
+            planner.push_result(name, mb, True, "", float(t))
+        need = max(published.min_by_size.values())
+        assert published.min_by_size[size] >= min_mb - 1e-9
+        assert ev.report.nodes["/a"].target_mb >= need - 1e-9
+        assert planner.applied_mb("/a") >= need - 1e-9
+        if ev.report.infeasible:
+            assert ev.report.starved, "an infeasible pool names the node it cannot cover"
+        else:
+            assert sum(n.target_mb for n in ev.report.nodes.values()) <= ev.report.total_mb + 1e-6
+
+
+def test_infeasible_pool_starves_the_lowest_priority_node_and_says_so():
+    specs = [NodeSpec("/lane", 2.0, 40.0, 60.0), NodeSpec("/ped", 3.0, 35.0, 60.0),
+             NodeSpec("/depth", 1.0, 50.0, 120.0), NodeSpec("/tiny", 1.0, 10.0, 20.0)]
+    alloc = allocate(90.0, specs)  # ped 35 + lane 40 fit; depth 50 does not; tiny 10 still does
+    assert alloc.infeasible and alloc.starved == ("/depth",)
+    assert alloc.budgets == {s.name: s.min_mb for s in specs}  # never below a minimum
+    # priority first, a node that does not fit is skipped: only tiny's 10 MB fits in 20
+    assert allocate(20.0, specs).starved == ("/ped", "/lane", "/depth")
+    assert not allocate(135.0, specs).starved  # 135 = sum of minimums: feasible
+
+
+def test_planner_reports_starved_nodes_in_the_report_and_its_json():
+    cfg = ManagerConfig(pool=PoolConfig(reserve_mb=0.0, total_budget_mb=50.0),
+                        nodes=(NodeConfig("a", priority=3.0), NodeConfig("b", priority=1.0)))
+    planner = BudgetPlanner(cfg)
+    planner.observe_profile(_profile("/a", min_mb=30.0), 0.0)
+    planner.observe_profile(_profile("/b", min_mb=30.0), 0.0)
+    ev = planner.evaluate(_reading(100000), 0.0)
+    assert ev.report.infeasible and ev.report.starved == ["/b"]
+    assert ev.pushes == {"/a": 30.0, "/b": 30.0}  # the starved node at its minimum, not below
+    data = __import__("json").loads(ev.report.to_json())
+    assert data["starved"] == ["/b"] and data["nodes"]["/b"]["starved"] and not data["nodes"]["/a"]["starved"]
 
 
 def test_budgets_stay_put_while_the_camera_cycles_resolutions():
@@ -360,7 +447,8 @@ def test_budgets_stay_put_while_the_camera_cycles_resolutions():
                 sizes = large if (t // 3) % 2 else small  # 3-s resolution period, phase-shifted
                 prof = _profile(name, budget_mb=planner.applied_mb(name),  # the node reports what it runs
                                 **(sizes if name == "/a" else (small if sizes is large else large)))
-                planner.observe_profile(hold[name].update(prof, float(t)) if hold else prof, float(t))
+                size = "480x640" if prof.min_mb == large["min_mb"] else "256x320"
+                planner.observe_profile(hold[name].update(prof, float(t), size) if hold else prof, float(t))
             ev = planner.evaluate(_reading(16000), float(t))
             for name, mb in ev.pushes.items():
                 planner.push_result(name, mb, True, "", float(t))

@@ -1,14 +1,14 @@
-"""Budget manager end to end: real processes, real rclpy, a real memory hog.
+"""Budget manager end to end: real processes, real rclpy, real parameter services.
 
 `dynnet up` starts the vehicle graph (simulator, lane / pedestrian / depth nodes, budget
-manager) from a test config with fast re-evaluation. A child process of this test then
-allocates and touches memory in steps: the manager's pool (available + held − reserve) must
-shrink, the model nodes' `memory_budget_mb` must follow through their parameter services and
-the nodes must keep publishing; when the hog frees its memory the budgets rise again. Right
-before the hog starts, the test caps the pool just above what the models need
-(`total_budget_mb`) and puts the memory-derived pool 512 MB above that cap (`reserve_mb`), both
-through the manager's parameter service: other processes on this shared machine then cannot
-move the budgets, and the hog grows from the manager's own reports until the pool moves.
+manager) from a test config with fast re-evaluation. The manager reads available memory from a
+meminfo file the test writes (`memory_root`), not from this machine: the test moves the pool
+(available + held − reserve) where it wants it, whatever else runs here and however much memory
+is free. As on a real machine, what the model nodes hold is missing from "available": the test
+rewrites the file from each budget report (available = the pool it aims at − what the nodes
+hold), so budgets that shrink do not shrink the pool. The model nodes' `memory_budget_mb` must
+follow through their parameter services and the nodes must keep publishing; when the pool
+comes back the budgets rise again.
 """
 from __future__ import annotations
 
@@ -16,11 +16,9 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import rclpy
 import yaml
@@ -34,7 +32,6 @@ from visualization_msgs.msg import MarkerArray
 from dynnet_ros.budget.protocol import BUDGETS_TOPIC, PROFILES_TOPIC
 from dynnet_ros.commands.up import stop_process_group
 from dynnet_ros.graph_config import default_config_path
-from dynnet_ros.units import MB
 
 REPO = Path(__file__).resolve().parents[1]
 # Own namespace as well as own ROS_DOMAIN_ID: another graph on this machine that happens to share
@@ -44,36 +41,41 @@ MODEL_NODES = tuple(f"{NS}/{n}" for n in ("lane_node", "pedestrian_node", "depth
 DEPTH, PEDESTRIAN, MANAGER = f"{NS}/depth_node", f"{NS}/pedestrian_node", f"{NS}/budget_manager"
 OUTPUTS = {"/lane/mask": Image, "/pedestrian/markers": MarkerArray, "/depth/image": Image}
 HYST_MB = 2.5      # the test config's hysteresis (2 MB / 2 %) plus rounding
-HOG_CAP_MB = 3072  # never hog more than this on a shared machine
+ROOMY_POOL_MB = 4000.0  # a pool far above what the three models need
 
 pytestmark = pytest.mark.timeout(300)  # a hung graph must not hang the whole suite
 
-HOG = textwrap.dedent("""
-    import sys, numpy as np
-    blocks = []
-    for line in sys.stdin:
-        cmd, _, arg = line.strip().partition(" ")
-        if cmd == "alloc":                          # arg MB, every page written
-            blocks.append(np.ones(int(arg) * 1024 * 1024 // 8))
-        elif cmd == "free":
-            blocks.clear()
-        print("ok", sum(b.nbytes for b in blocks) // (1024 * 1024), flush=True)
-""")
+class FakeMemory:
+    """The meminfo file the manager reads: available = the pool the test aims at − what the
+    model nodes hold (their memory is missing from "available", as on a real machine)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        (root / "proc").mkdir(parents=True, exist_ok=True)
+        self.pool_mb = ROOMY_POOL_MB
+        self.write(held_mb=0.0)
+
+    def write(self, held_mb: float) -> None:
+        available_kb = int(max(0.0, self.pool_mb - held_mb) * 1024)
+        text = f"MemTotal: {64 * 1024 * 1024} kB\nMemFree: {available_kb} kB\nMemAvailable: {available_kb} kB\n"
+        tmp = self.root / "proc" / "meminfo.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, self.root / "proc" / "meminfo")  # the manager never reads half a file
 
 
-def _graph_config(tmp_path: Path) -> Path:
+def _graph_config(tmp_path: Path, memory_root: Path) -> Path:
     data = yaml.safe_load(default_config_path().read_text())
     for node in data["nodes"]:
         p = node.setdefault("parameters", {})
         if node["name"] == "sensor_sim":
             p.update(rate_hz=3.0, resolutions=["320x240"])  # one size: stable budget tables
         elif node["name"] == "budget_manager":
-            # start roomy; the test moves the pool with reserve_mb before the hog runs
-            p.update(reserve_mb=max(0.0, psutil.virtual_memory().available / MB - 4000.0), total_budget_mb=0.0,
-                     rate_hz=4.0, monitor_hz=10.0, pressure_drop_mb=32.0, hysteresis_mb=2.0,
-                     hysteresis_frac=0.02, min_interval_s=0.5, profile_timeout_s=6.0)
+            # the pool is what FakeMemory says: available + held − 0
+            p.update(memory_root=str(memory_root), reserve_mb=0.0, total_budget_mb=0.0, rate_hz=4.0,
+                     monitor_hz=10.0, pressure_drop_mb=32.0, hysteresis_mb=2.0, hysteresis_frac=0.02,
+                     min_interval_s=0.5, profile_timeout_s=6.0)
         elif node["name"] in ("lane_node", "pedestrian_node", "depth_node"):
-            p.update(threads=1, memory_budget_mb=0.0)
+            p.update(threads=1, memory_budget_mb=0.0, camera_sizes=["320x240"])  # the one size the camera sends
     path = tmp_path / "vehicle_budget_test.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -82,19 +84,25 @@ def _graph_config(tmp_path: Path) -> Path:
 class Probe:
     """The test's own node: collects budget reports, profiles, diagnostics and output counts."""
 
-    def __init__(self) -> None:
+    def __init__(self, memory: FakeMemory) -> None:
         self.node = rclpy.create_node("budget_test_probe")
+        self.memory = memory
         self.reports: list[dict] = []
         self.profiles: dict[str, dict] = {}
         self.diags: dict[str, dict] = {}
         self.counts = {topic: 0 for topic in OUTPUTS}
         self.node.create_subscription(String, f"{NS}/{BUDGETS_TOPIC}",
-                                      lambda m: self.reports.append(json.loads(m.data)), 50)
+                                      self._on_report, 50)
         self.node.create_subscription(String, f"{NS}/{PROFILES_TOPIC}", self._on_profile, 50)
         self.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 50)
         for topic, kind in OUTPUTS.items():
             self.node.create_subscription(kind, NS + topic, lambda _m, t=topic: self._count(t),
                                           rclpy.qos.qos_profile_sensor_data)
+
+    def _on_report(self, msg: String) -> None:
+        report = json.loads(msg.data)
+        self.reports.append(report)
+        self.memory.write(report["held_mb"])  # what the nodes hold is not available
 
     def _count(self, topic: str) -> None:
         self.counts[topic] += 1
@@ -176,12 +184,14 @@ class Probe:
 def graph(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("budget_ros")
     log = open(tmp / "graph.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "dynnet_ros.cli", "up", "--config", str(_graph_config(tmp)),
+    memory = FakeMemory(tmp / "memory_root")
+    proc = subprocess.Popen([sys.executable, "-m", "dynnet_ros.cli", "up", "--config",
+                             str(_graph_config(tmp, memory.root)),
                              "--namespace", NS],
                             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     rclpy.init()
-    probe = Probe()
+    probe = Probe(memory)
     try:
         yield proc, probe, tmp / "graph.log"
     finally:
@@ -189,22 +199,6 @@ def graph(tmp_path_factory):
         rclpy.shutdown()
         stop_process_group(proc)
         log.close()
-
-
-@pytest.fixture
-def hog():
-    proc = subprocess.Popen([sys.executable, "-c", HOG], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-
-    def command(line: str) -> int:
-        proc.stdin.write(line + "\n")
-        proc.stdin.flush()
-        return int(proc.stdout.readline().split()[1])
-
-    try:
-        yield command
-    finally:
-        proc.stdin.close()
-        proc.wait(timeout=30)
 
 
 def _all_profiled(probe: Probe):
@@ -218,12 +212,7 @@ def _graph_alive(proc, log: Path) -> None:
     assert proc.poll() is None, f"dynnet up exited ({proc.returncode}):\n{log.read_text()[-4000:]}"
 
 
-def _derived_pool(r: dict) -> float:
-    """The manager's pool before the total_budget_mb cap (available + held − reserve)."""
-    return r["available_mb"] + r["held_mb"] - r["reserve_mb"]
-
-
-def test_budgets_follow_memory_pressure(graph, hog):
+def test_budgets_follow_memory_pressure(graph):
     proc, probe, log = graph
     nodes = probe.spin_until(lambda: _all_profiled(probe), 90, "budgets for all three model nodes")
     _graph_alive(proc, log)
@@ -231,89 +220,61 @@ def test_budgets_follow_memory_pressure(graph, hog):
     sum_max = sum(nodes[n]["max_mb"] for n in MODEL_NODES)
     assert sum_max > sum_min + 8, f"models report no room to swap (min {sum_min:.0f}, max {sum_max:.0f} MB)"
 
-    # Cap the pool just above what all models need in memory, and put the memory-derived pool
-    # 512 MB above the cap: other processes' memory noise then does not move the budgets.
-    manager = AsyncParameterClient(probe.node, MANAGER)
-    assert manager.wait_for_services(10.0)
-    r = probe.last()
-    cap = sum_max + 64.0
-    reserve = r["available_mb"] + r["held_mb"] - (cap + 512.0)
-    result = probe.call(manager.set_parameters([Parameter("reserve_mb", Parameter.Type.DOUBLE, reserve),
-                                                Parameter("total_budget_mb", Parameter.Type.DOUBLE, cap)]))
-    assert all(x.successful for x in result.results), [x.reason for x in result.results]
     # (the engines' tables settle after their first frames: wait until the budgets hold still)
     full = lambda: (not probe.last()["pressure"]  # noqa: E731
                     and all(probe.acked()[n] == pytest.approx(probe.last()["nodes"][n]["max_mb"], abs=HYST_MB)
                             for n in MODEL_NODES) and tuple(probe.acked().values()))
-    probe.spin_until_stable(full, 3.0, 45, "every model at a steady full budget")
+    probe.spin_until_stable(full, 3.0, 60, "every model at a steady full budget")
     before = probe.acked()
     sum_min = sum(probe.last()["nodes"][n]["min_mb"] for n in MODEL_NODES)
     sum_max = sum(probe.last()["nodes"][n]["max_mb"] for n in MODEL_NODES)
     resident_full = probe.engines_at(before)
     counts0 = dict(probe.counts)
+    timings: dict[str, float] = {}
 
-    def squeeze(target_pool: float, done, what: str) -> int:
-        """Grow the hog until ``done()``, aiming the manager's pool at ``target_pool`` MB.
+    def squeeze(pool_mb: float, done, what: str, timeout: float = 45.0) -> None:
+        """Aim the pool at ``pool_mb`` and wait until ``done()``."""
+        probe.memory.pool_mb = pool_mb
+        probe.memory.write(probe.last()["held_mb"])
+        start = time.monotonic()
+        probe.spin_until(done, timeout, what)
+        timings[what] = round(time.monotonic() - start, 2)
 
-        Other processes on the machine move available memory too, so the hog tops up from the
-        manager's latest report instead of trusting one precomputed size.
-        """
-        deadline = time.monotonic() + 45
-        held = hog("alloc 0")
-        last_step = time.monotonic()
-        while not done():
-            assert time.monotonic() < deadline, f"no {what} with a {held} MB hog; last report {probe.last()}"
-            step = int(min(max(16.0, _derived_pool(probe.last()) - target_pool), HOG_CAP_MB - held))
-            assert step > 0, f"no {what} with a {held} MB hog (cap); last report {probe.last()}"
-            held = hog(f"alloc {step}")
-            last_step = time.monotonic()
-            # /proc/meminfo counters settle within ~1 s (per-CPU vmstat folding): wait before topping up
-            probe.spin_until(done, 2.0, what, fail=False)
-        timings[what] = (held, time.monotonic() - last_step)
-        return held
-
-    timings: dict[str, tuple[int, float]] = {}
-
-    # Step 1: the hog grows until the pool sits between the sums of minimums and maximums.
+    # Step 1: the pool falls between the sums of minimums and maximums: budgets shrink.
     squeeze((sum_min + sum_max) / 2, lambda: probe.last()["pressure"]
             and sum(probe.acked().values()) < sum(before.values()) - 4, "budget shrink")
     shrunk = probe.acked()
     report = probe.last()
-    assert report["total_mb"] < cap
+    assert report["total_mb"] < sum_max
     for n in MODEL_NODES:  # (a node's levels are re-measured as it runs: compare with its report now)
         assert report["nodes"][n]["min_mb"] - 0.5 <= shrunk[n] <= report["nodes"][n]["max_mb"] + 0.5, (n, report)
     probe.spin_for(4.0)  # the nodes keep serving at the new budgets
     counts1 = dict(probe.counts)
     _graph_alive(proc, log)
 
-    # Step 2: the pool falls below the sum of minimums: every model at its minimum, ERROR diagnostic.
-    squeeze(sum_min - 256, lambda: probe.last()["infeasible"], "infeasible pool")
-    probe.spin_until(lambda: probe.last()["infeasible"]
-                     and all(probe.acked()[n] == pytest.approx(probe.last()["nodes"][n]["min_mb"], abs=0.5)
-                             for n in MODEL_NODES), 30, "every model at its minimum")
+    # Step 2: the pool falls below the sum of minimums: every model at its minimum, the
+    # lowest-priority one named as starved, ERROR diagnostic.
+    squeeze(sum_min - 16, lambda: probe.last()["infeasible"]
+            and all(probe.acked()[n] == pytest.approx(probe.last()["nodes"][n]["min_mb"], abs=0.5)
+                    for n in MODEL_NODES), "every model at its minimum")
     at_min = probe.acked()
     resident_min = probe.engines_at(at_min)
-    # (memory elsewhere on the machine may be freed meanwhile: squeeze tops the hog up again)
-    squeeze(sum_min - 256, lambda: probe.last()["infeasible"] and any(
-        k.startswith("budget_manager: allocation") and v["level"] == 2 for k, v in probe.diags.items()),
-        "an ERROR allocation diagnostic")
+    assert probe.last()["starved"], probe.last()
+    probe.spin_until(lambda: any(k.startswith("budget_manager: allocation") and v["level"] == 2
+                                 and "starved" in v["message"] for k, v in probe.diags.items()),
+                     10, "an ERROR allocation diagnostic naming the starved node")
     probe.spin_for(4.0)
     counts2 = dict(probe.counts)
     _graph_alive(proc, log)
 
-    # The hog frees its memory: budgets rise back to full.
-    assert hog("free") == 0
-    freed = time.monotonic()
+    # The pool comes back: budgets rise back to full.
     # (each node's full level is re-measured as it runs, so "full" is the level it reports now)
-    probe.spin_until(lambda: not probe.last()["pressure"]
-                     and all(probe.acked()[n] == pytest.approx(probe.last()["nodes"][n]["max_mb"], abs=2 * HYST_MB)
-                             and probe.acked()[n] > at_min[n] for n in MODEL_NODES),
-                     30, "budgets to rise again after the hog freed")
-    timings["recovery"] = (0, time.monotonic() - freed)
+    squeeze(ROOMY_POOL_MB, lambda: not probe.last()["pressure"]
+            and all(probe.acked()[n] == pytest.approx(probe.last()["nodes"][n]["max_mb"], abs=2 * HYST_MB)
+                    and probe.acked()[n] > at_min[n] for n in MODEL_NODES), "budgets to rise again")
     print(f"\nbudget test: min {sum_min:.1f} MB, max {sum_max:.1f} MB in total; full {before}; "
           f"under pressure {shrunk}; at minimum {at_min}; resident weight bytes at full {resident_full}, "
-          f"at minimum {resident_min}; "
-          f"hog MB and seconds from its last step to the budgets acknowledged: {timings}")
+          f"at minimum {resident_min}; seconds from each pool step to the budgets acknowledged: {timings}")
     probe.spin_for(3.0)
     _graph_alive(proc, log)
 
@@ -329,9 +290,9 @@ def test_budgets_follow_memory_pressure(graph, hog):
             assert v["min_mb"] - 0.01 <= targets[n] <= (v["max_mb"] or float("inf")) + 0.01, r
     # Every output kept publishing in every phase.
     for topic in OUTPUTS:
-        assert counts1[topic] > counts0[topic], f"{topic} stopped under the first hog step"
+        assert counts1[topic] > counts0[topic], f"{topic} stopped under the first pool step"
         assert counts2[topic] > counts1[topic], f"{topic} stopped with every model at its minimum"
-        assert probe.counts[topic] > counts2[topic], f"{topic} stopped after the hog freed"
+        assert probe.counts[topic] > counts2[topic], f"{topic} stopped after the pool came back"
     # Frame drops stay bounded: newest-frame-wins, never a backlog that loses most frames.
     for n in MODEL_NODES:
         status = probe.node_status(n)

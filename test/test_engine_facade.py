@@ -1,4 +1,4 @@
-"""The Engine contract of DESIGN.md: validation, outputs equal to onnxruntime, stats, budgets."""
+"""The Engine contract (docs/engine.md): validation, outputs equal to onnxruntime, stats, budgets."""
 from __future__ import annotations
 
 import numpy as np

@@ -42,6 +42,15 @@ RUNNER = Path(__file__).with_name("_launch_runner.py")
 MODULE_TO_EXECUTABLE = {module: exe for exe, module in EXECUTABLES.items()}
 
 
+class _ParamsLoader(yaml.SafeLoader):
+    """The safe loader plus the one tag launch_ros writes into parameter files: list parameters
+    come out as ``!!python/tuple``, read here as plain lists."""
+
+
+_ParamsLoader.add_constructor("tag:yaml.org,2002:python/tuple",
+                              lambda loader, node: loader.construct_sequence(node))
+
+
 def _launch_missing() -> str | None:
     if importlib.util.find_spec("launch_ros") is not None and importlib.util.find_spec("launch") is not None:
         return None
@@ -116,10 +125,10 @@ class Launch:
         os.killpg(self.proc.pid, signal.SIGINT)
         try:
             code = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as exc:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-            raise AssertionError(f"launch did not exit {timeout:.0f} s after Ctrl-C:\n{self.output()[-5000:]}")
+            raise AssertionError(f"launch did not exit {timeout:.0f} s after Ctrl-C:\n{self.output()[-5000:]}") from exc
         self._reader.join(timeout=5.0)
         return code
 
@@ -179,8 +188,7 @@ def normalized_process(argv: list[str]) -> dict:
             remaps.append(rest[i + 1])
             i += 2
         elif rest[i] == "--params-file":
-            # FullLoader: launch_ros writes list parameters as !!python/tuple
-            data = yaml.load(Path(rest[i + 1]).read_text(), Loader=yaml.FullLoader)
+            data = yaml.load(Path(rest[i + 1]).read_text(), Loader=_ParamsLoader)
             [section] = data.values()  # one node per file ("/**" or the node's full name)
             params.update(section["ros__parameters"])
             i += 2

@@ -214,3 +214,12 @@ def test_as_late_as_possible_moves_side_chains_next_to_their_consumer():
     assert is_topological(delayed, nodes)
     assert delayed[-5:] == [0, 1, 2, 3, 12]  # the whole side chain right before the join
     assert _simulate(graph, side_first)[1] == 210 and _simulate(graph, delayed)[1] == 200
+
+
+def test_lifetimes_to_buffers_takes_a_mapping_or_a_callable():
+    life = {"a": (0, 2), "b": (1, 3)}
+    sizes = {"a": 64, "b": 32}
+    assert lifetimes_to_buffers(life, sizes) == lifetimes_to_buffers(life, sizes.__getitem__) \
+        == (["a", "b"], [(0, 2, 64), (1, 3, 32)])
+    with pytest.raises(ValueError, match="no size for tensor 'b'"):
+        lifetimes_to_buffers(life, {"a": 64})

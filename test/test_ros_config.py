@@ -9,8 +9,15 @@ import yaml
 from dynnet_ros.budget.cgroup import CgroupPaths
 from dynnet_ros.budget.monitors import MemorySnapshot, read_cgroup_memory, snapshot
 from dynnet_ros.cli import main as cli_main
-from dynnet_ros.graph_config import (EXECUTABLES, default_config_path, graph_processes, load_graph, node_command,
-                                    parse_graph)
+from dynnet_ros.graph_config import (
+    EXECUTABLES,
+    default_config_path,
+    graph_processes,
+    load_graph,
+    node_command,
+    parse_graph,
+)
+from dynnet_ros.nodes.parameter_check import DECLARED, check_graph_parameters, parameter_problems
 from dynnet_ros.units import MB
 
 
@@ -92,6 +99,52 @@ def test_dynnet_up_rejects_bad_config_with_exit_2(tmp_path, capsys):
     assert cli_main(["up", "--config", str(bad), "--duration", "1"]) == 2
     assert "unknown executable 'teleport'" in capsys.readouterr().err
     assert cli_main(["up", "--duration", "-1"]) == 2
+
+
+def _default_with(node_name: str, **parameters) -> dict:
+    data = yaml.safe_load(default_config_path().read_text())
+    for node in data["nodes"]:
+        if node["name"] == node_name:
+            node.setdefault("parameters", {}).update(parameters)
+    return data
+
+
+def test_every_executable_declares_its_parameters_and_the_default_config_passes():
+    assert set(DECLARED) == set(EXECUTABLES)
+    assert parameter_problems(load_graph(default_config_path())) == []
+
+
+@pytest.mark.parametrize("node, parameters, reason", [
+    ("lane_node", {"lane_threshold": 2.0}, "lane_threshold must be in [0.0, 1.0], got 2.0"),
+    ("lane_node", {"lane_threshold": 1}, "lane_threshold must be a double"),
+    ("pedestrian_node", {"max_detections": 5.0}, "max_detections must be an integer"),
+    ("depth_node", {"enabled": "yes"}, "enabled must be a bool"),
+    ("depth_node", {"lidar_to_camera": [0.0, 1.0]}, "lidar_to_camera"),
+    ("sensor_sim", {"rate_hz": -1.0}, "rate_hz must be in"),
+    ("budget_manager", {"period_s": 0.0}, "period_s must be in"),
+    ("lane_node", {"lane_treshold": 0.5}, "declares no such parameter"),
+    ("lane_node", {"backend": "cuda"}, "backend"),
+])
+def test_config_parameters_are_checked_against_the_declarations(node, parameters, reason):
+    graph = parse_graph(_default_with(node, **parameters), "vehicle-test.yaml")
+    with pytest.raises(ValueError) as info:
+        check_graph_parameters(graph, "vehicle-test.yaml")
+    message = str(info.value)
+    assert message.startswith(f"vehicle-test.yaml: node {node}: parameter {next(iter(parameters))}: ")
+    assert reason in message and "\n" not in message
+
+
+def test_ros_parameters_every_node_takes_are_accepted():
+    graph = parse_graph(_default_with("lane_node", use_sim_time=True), "g.yaml")
+    assert parameter_problems(graph) == []
+
+
+def test_dynnet_up_refuses_a_bad_parameter_before_starting_anything(tmp_path, capsys):
+    bad = tmp_path / "g.yaml"
+    bad.write_text(yaml.safe_dump(_default_with("lane_node", lane_threshold=2.0)))
+    assert cli_main(["up", "--config", str(bad), "--duration", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "node lane_node: parameter lane_threshold" in err[0] and str(bad) in err[0]
 
 
 def test_memory_snapshot_reads_this_process():

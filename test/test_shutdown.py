@@ -67,10 +67,11 @@ def stand_in(phase: str, delay: float, sig: int) -> tuple[int, str]:
     proc.send_signal(sig)
     try:
         code = proc.wait(timeout=ESCALATION_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as exc:
         proc.kill()
         proc.wait()
-        raise AssertionError(f"{phase}: still running {ESCALATION_TIMEOUT_S:.0f} s after {signal.Signals(sig).name}")
+        raise AssertionError(f"{phase}: still running {ESCALATION_TIMEOUT_S:.0f} s after "
+                             f"{signal.Signals(sig).name}") from exc
     return code, "".join(lines) + proc.stdout.read()
 
 
@@ -135,40 +136,45 @@ def wait_for(predicate, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def cycle_start_stop(graph, namespace: str, reporters: Reporters, first_names: tuple[str, ...], label: str) -> None:
+    """Start the graph, wait until every node reports, SIGINT ``first_names`` (then the rest), check."""
+    reporters.clear()
+    log: list[str] = []
+    runner = GraphRunner(graph, namespace=namespace, sink=lambda name, line: log.append(f"[{name}] {line}"))
+    names = [n.name for n in graph.nodes]
+    try:
+        runner.start()
+        wait_for(lambda: reporters.all_of(names) or runner.dead(), 180, f"{label}: all nodes up")
+        assert not runner.dead(), "\n".join(log[-80:])
+        first = [c for c in runner.children if c.node.name in first_names]
+        for child in first:
+            os.killpg(child.proc.pid, signal.SIGINT)
+        for child in first:
+            try:
+                child.proc.wait(timeout=ESCALATION_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                pass
+        hung = [c.node.name for c in first if c.proc.poll() is None]
+    finally:
+        codes = runner.stop(int_timeout=ESCALATION_TIMEOUT_S)
+    label += f" ({', '.join(first_names) + ' first' if first_names else 'all at once'})"
+    assert not hung, f"{label}: {hung} still running after SIGINT\n" + "\n".join(log[-80:])
+    assert not runner.escalated, f"{label}: {runner.escalated}\n" + "\n".join(log[-80:])
+    assert all(code == 0 for code in codes.values()), f"{label}: {codes}\n" + "\n".join(log[-80:])
+    assert not [line for line in log if "Traceback" in line], "\n".join(log[-80:])
+
+
 def test_ten_graph_start_stop_cycles_need_no_escalation():
     for task in ("lane", "pedestrian", "depth"):
         ensure_model(task)
     namespace = f"/shutdown_{os.getpid()}"
     graph = parse_graph(light_graph(), "light graph")
-    names = [n.name for n in graph.nodes]
     reporters = Reporters(namespace)
     # stop orders: everything at once; model nodes first (the budget manager's peers gone first);
     # the budget manager first
     orders = [(), MODEL_NODES, ("budget_manager",)]
     try:
         for cycle in range(10):
-            reporters.clear()
-            log: list[str] = []
-            runner = GraphRunner(graph, namespace=namespace, sink=lambda name, line: log.append(f"[{name}] {line}"))
-            try:
-                runner.start()
-                wait_for(lambda: reporters.all_of(names) or runner.dead(), 180, f"cycle {cycle}: all nodes up")
-                assert not runner.dead(), "\n".join(log[-80:])
-                first = [c for c in runner.children if c.node.name in orders[cycle % len(orders)]]
-                for child in first:
-                    os.killpg(child.proc.pid, signal.SIGINT)
-                for child in first:
-                    try:
-                        child.proc.wait(timeout=ESCALATION_TIMEOUT_S)
-                    except subprocess.TimeoutExpired:
-                        pass
-                hung = [c.node.name for c in first if c.proc.poll() is None]
-            finally:
-                codes = runner.stop(int_timeout=ESCALATION_TIMEOUT_S)
-            order = orders[cycle % len(orders)] or "all at once"
-            assert not hung, f"cycle {cycle}: {hung} still running after SIGINT\n" + "\n".join(log[-80:])
-            assert not runner.escalated, f"cycle {cycle} ({order}): {runner.escalated}\n" + "\n".join(log[-80:])
-            assert all(code == 0 for code in codes.values()), f"cycle {cycle} ({order}): {codes}"
-            assert not [line for line in log if "Traceback" in line], "\n".join(log[-80:])
+            cycle_start_stop(graph, namespace, reporters, orders[cycle % len(orders)], f"cycle {cycle}")
     finally:
         reporters.ros.close()

@@ -7,6 +7,7 @@ import pytest
 from _swap_models import conv_chain
 
 from dynnet_ros.cli import main
+from dynnet_ros.commands.swap_bench import OVER_LIMIT, sweep_sizes
 
 
 @pytest.fixture()
@@ -34,15 +35,42 @@ def test_bad_input_is_a_one_line_error(tmp_path, capsys):
 
 def test_bench_reports_all_configurations(model, tmp_path):
     result_path, png = tmp_path / "bench.json", tmp_path / "bench.png"
-    assert main(["swap", "bench", model, "--budgets", "25%", "--size", "64x64", "--iters", "2", "--threads", "1",
+    # an absolute budget: this tiny model's weights are a sliver of its footprint, so a P% budget
+    # off the in-memory planned engine's peak can fall below the streamed engine's minimum
+    assert main(["swap", "bench", model, "--budgets", "40MB", "--size", "64x64", "--iters", "2", "--threads", "1",
                  "--json", str(result_path), "--png", str(png)]) == 0
     result = json.loads(result_path.read_text())
     rows = {row["config"]: row for row in result["summary"]}
-    assert {"ort", "inmemory", "swap@25%", "naive@25%"} <= set(rows)
-    swap = rows["swap@25%"]
+    assert {"ort", "inmemory", "swap@40MB", "naive@40MB"} <= set(rows)
+    swap = rows["swap@40MB"]
     assert "error" not in swap, swap
     assert swap["max_abs_diff"] < 1e-4 and swap["peak_mb"] > 0 and swap["mean_ms"] > 0
     assert swap["store_cached_mb"] <= result["weight_mb"]
     assert "ab_ratio_mean" in swap and "switch_p95_ms" in swap
     assert swap["ab_inmemory_ratio_mean"] > 0 and swap["ab_inmemory_cpu_ratio"] > 0
     assert png.stat().st_size > 1000
+
+
+def test_sweep_sizes_are_every_padded_input_the_nodes_feed():
+    # 320x240 -> 256x320; 640x480 ... 1600x1200 -> 480x640; 1280x720, 1920x1080 -> 384x640; 1280x800 -> 416x640;
+    # 1280x1024 -> 512x640 (max_input_side 640, multiples of 32)
+    assert sweep_sizes() == [(256, 320), (384, 640), (416, 640), (480, 640), (512, 640)]
+    assert sweep_sizes([(1920, 1080)], max_side=0) == [(1088, 1920)]
+
+
+def test_size_sweep_reports_peak_over_budget_per_size_and_flags_rows_above_the_limit(model, tmp_path, capsys):
+    result_path = tmp_path / "sweep.json"
+    assert main(["swap", "bench", model, "--budgets", "40MB,1MB", "--sizes", "64x64,96x128", "--iters", "2",
+                 "--threads", "1", "--json", str(result_path)]) == 0
+    result = json.loads(result_path.read_text())
+    assert [tuple(s) for s in result["sizes"]] == [(64, 64), (96, 128)]
+    rows = {(tuple(r["size"]), r["config"]): r for r in result["rows"]}
+    assert set(rows) == {(s, c) for s in [(64, 64), (96, 128)] for c in ("inmemory", "swap@40MB", "swap@1MB")}
+    for size in [(64, 64), (96, 128)]:
+        served = rows[(size, "swap@40MB")]
+        assert "error" not in served, served
+        assert served["over"] == (served["peak_over_budget"] > OVER_LIMIT) and served["peak_mb"] > 0
+        assert "below this model's minimum" in rows[(size, "swap@1MB")]["error"]  # refused, minimum stated
+    assert result["refused"] == 2 and result["over"] == sum(1 for r in result["rows"] if r.get("over"))
+    out = capsys.readouterr().out
+    assert "above 1.05 x budget" in out and "2 refused" in out

@@ -9,7 +9,7 @@ from _swap_models import conv_chain, image
 
 from dynnet_ros.commands.swap_bench_worker import make_feeds
 from dynnet_ros.engine import Engine
-from dynnet_ros.swap.control import PLANNED_BASE_BYTES, inmemory_estimate_bytes
+from dynnet_ros.swap.control import inmemory_estimate_bytes
 from dynnet_ros.zoo import ensure_model
 
 
@@ -19,8 +19,9 @@ def isolated(tmp_path_factory, monkeypatch):
 
 
 def test_inmemory_level_prices_the_planned_engine():
-    """The in-memory level (top of the latency table, what the budget manager sees) is the planned
-    engine's weights + its arena at the input size run + its runtime base, not a plain
+    """The in-memory level (top of the latency table, what the budget manager sees) is the
+    engine's own footprint with every weight resident — weights + what it holds besides them at
+    the input size run (arena included), measured once in a clean process — not a plain
     onnxruntime session's footprint (which counts the weights twice)."""
     engine = Engine(str(ensure_model("depth")), threads=1)
     feeds = make_feeds(engine.inputs, 64, 96)
@@ -28,7 +29,9 @@ def test_inmemory_level_prices_the_planned_engine():
     arena = engine._executor.arena_bytes_at({name: value.shape for name, value in feeds.items()})
     assert arena is not None
     level = engine.latency_table()[-1][0]
-    assert level * 2**20 == pytest.approx(engine.weight_bytes + arena + PLANNED_BASE_BYTES, rel=1e-6)
+    calibration = engine._swap.calibration({name: value.shape for name, value in feeds.items()})
+    assert level * 2**20 == calibration.inmemory_bytes()
+    assert calibration.nonweight_bytes >= arena and calibration.weight_span >= engine.weight_bytes
     assert level * 2**20 < inmemory_estimate_bytes(engine.weight_bytes, None)
     assert engine.min_budget_mb() <= level
     engine.close()

@@ -23,7 +23,6 @@ from dynnet_ros.engine.backends.cpu import OrtExecutor
 from dynnet_ros.engine.backends.trt_cache import EngineCache, EngineKey, model_sha256
 from dynnet_ros.engine.backends.trt_config import (
     MIN_WORKSPACE,
-    MiB,
     TrtOptions,
     activation_bytes,
     choose_precision,
@@ -54,6 +53,7 @@ from dynnet_ros.engine.backends.trt_profiles import (
 )
 from dynnet_ros.engine.backends.trt_switch import EngineSwitch, NotServable
 from dynnet_ros.engine.model_io import InputSpec
+from dynnet_ros.units import MB
 
 F32 = np.dtype("float32")
 IMAGE = [InputSpec("image", F32, (1, 3, "H", "W"))]
@@ -227,7 +227,7 @@ def test_profile_validation_errors():
 def _key(**change) -> EngineKey:
     fields = dict(model_sha256="a" * 64, tensorrt_version="10.3.0", device_name="Orin", compute_capability=(8, 7),
                   sm_count=16, precision="fp16", flags=("FP16",), profiles=static_profiles((480, 640)).to_json(),
-                  dla_core=None, gpu_fallback=False, workspace_bytes=256 * MiB)
+                  dla_core=None, gpu_fallback=False, workspace_bytes=256 * MB)
     fields.update(change)
     return EngineKey(**fields)
 
@@ -237,7 +237,7 @@ def test_cache_key_is_stable_and_every_field_invalidates():
     assert _key(flags=("FP16",)).digest() == _key(flags=("FP16",)).digest()
     changes = dict(model_sha256="b" * 64, tensorrt_version="10.4.0", device_name="NVIDIA A100",
                    compute_capability=(8, 0), sm_count=8, precision="fp32", flags=(), dla_core=1, gpu_fallback=True,
-                   profiles=static_profiles((480, 640), (736, 1280)).to_json(), workspace_bytes=512 * MiB,
+                   profiles=static_profiles((480, 640), (736, 1280)).to_json(), workspace_bytes=512 * MB,
                    build_logic=99)
     names = {_key().filename()}
     for field, value in changes.items():
@@ -276,7 +276,7 @@ def test_engine_cache_round_trip_staleness_and_eviction(tmp_path):
     assert cache.load(key) is None and cache.stale_reason(key) == "no cached engine for this model"
     cache.store(key, b"plan-bytes")
     assert cache.load(key) == b"plan-bytes"
-    newer = _key(tensorrt_version="10.4.0", workspace_bytes=128 * MiB)
+    newer = _key(tensorrt_version="10.4.0", workspace_bytes=128 * MB)
     assert cache.load(newer) is None
     assert cache.stale_reason(newer) == "cached engine is stale: tensorrt_version, workspace_bytes changed"
     cache.path(key).with_suffix(".json").write_text('{"tampered": true}')
@@ -424,25 +424,25 @@ def test_precision_choices():
 
 
 def test_workspace_from_budget():
-    decision = choose_workspace(200, weight_bytes=100 * MiB, activation_bytes=40 * MiB, precision="fp16")
-    assert decision.bytes == 64 * MiB and "budget 200 MB" in decision.reason  # 120 MB left, power of two
-    fp32 = choose_workspace(300, weight_bytes=100 * MiB, activation_bytes=40 * MiB, precision="fp32")
-    assert fp32.bytes == 128 * MiB  # 160 MB left
+    decision = choose_workspace(200, weight_bytes=100 * MB, activation_bytes=40 * MB, precision="fp16")
+    assert decision.bytes == 64 * MB and "budget 200 MB" in decision.reason  # 120 MB left, power of two
+    fp32 = choose_workspace(300, weight_bytes=100 * MB, activation_bytes=40 * MB, precision="fp32")
+    assert fp32.bytes == 128 * MB  # 160 MB left
     with pytest.raises(ValueError, match=r"below the 156\.0 MB"):
-        choose_workspace(150, weight_bytes=100 * MiB, activation_bytes=40 * MiB, precision="fp32")
+        choose_workspace(150, weight_bytes=100 * MB, activation_bytes=40 * MB, precision="fp32")
     assert choose_workspace(None, weight_bytes=0, activation_bytes=0, precision="fp32").bytes == 1 << 30
     assert choose_workspace(None, weight_bytes=0, activation_bytes=0, precision="fp32",
-                            free_device_bytes=400 * MiB).bytes == 64 * MiB
+                            free_device_bytes=400 * MB).bytes == 64 * MB
     jitter = {choose_workspace(None, weight_bytes=0, activation_bytes=0, precision="fp32",
-                               free_device_bytes=free).bytes for free in range(3000 * MiB, 3001 * MiB, 4096)}
-    assert jitter == {512 * MiB}  # free memory a few KiB apart: one workspace, one cache key
+                               free_device_bytes=free).bytes for free in range(3000 * MB, 3001 * MB, 4096)}
+    assert jitter == {512 * MB}  # free memory a few KiB apart: one workspace, one cache key
     assert quantise_workspace(1) == MIN_WORKSPACE and quantise_workspace(3 << 30) == 2 << 30
     assert choose_workspace(10_000, weight_bytes=0, activation_bytes=0, precision="fp32").bytes == 4 << 30
     assert choose_workspace(None, weight_bytes=0, activation_bytes=0, precision="fp32",
-                            explicit_mb=64).bytes == 64 * MiB
+                            explicit_mb=64).bytes == 64 * MB
     with pytest.raises(ValueError, match="minimum"):
         choose_workspace(None, weight_bytes=0, activation_bytes=0, precision="fp32", explicit_mb=1)
-    assert MIN_WORKSPACE == 16 * MiB
+    assert MIN_WORKSPACE == 16 * MB
 
 
 def test_activation_estimate_is_the_peak_of_live_tensors():

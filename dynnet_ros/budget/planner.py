@@ -110,7 +110,8 @@ class BudgetPlanner:
         state = self._nodes.setdefault(profile.node, _NodeState())
         if state.profile is None:
             self._dirty = f"new model node {profile.node}"
-        elif _moved(state.profile.min_mb, profile.min_mb) or _moved(state.profile.full_mb, profile.full_mb):
+        elif (_moved(state.profile.size_min_mb(), profile.size_min_mb())
+              or _moved(state.profile.full_mb, profile.full_mb) or state.profile.measured != profile.measured):
             self._dirty = f"{profile.node} profile changed"
         if state.floor_for_min is not None and state.floor_for_min != profile.min_mb:
             state.floor_mb, state.floor_for_min = 0.0, None  # the model changed: forget old rejections
@@ -151,6 +152,11 @@ class BudgetPlanner:
         return [(n, s.profile) for n, s in sorted(self._nodes.items(), key=lambda item: item[0])
                 if s.profile is not None and now_s - s.seen_s <= self.config.profile_timeout_s]
 
+    def waiting(self, now_s: float) -> list[str]:
+        """Live nodes whose engine ran no frame yet: their minimum is an estimate, so they get
+        no budget (they run as configured) and what they hold is kept out of the split."""
+        return [name for name, profile in self._live_profiles(now_s) if not profile.measured]
+
     def due(self, reading: MemoryReading, now_s: float) -> str | None:
         """Why an evaluation is due now (None = not yet)."""
         if self._dirty:
@@ -166,19 +172,26 @@ class BudgetPlanner:
         configured = {n.name: n for n in self.config.nodes}
         specs = []
         for name, profile in self._live_profiles(now_s):
+            if not profile.measured:
+                continue
             state = self._nodes[name]
             cfg = configured.get(name) or NodeConfig(name, self.config.default_priority)
-            lo = max(cfg.min_mb, profile.min_mb or 0.0, state.floor_mb)
+            # the minimum at every size class the node serves: a budget must fit the next
+            # resolution switch before it arrives, not after the node measured it
+            lo = max(cfg.min_mb, profile.size_min_mb() or 0.0, state.floor_mb)
             hi = cfg.max_mb
             if profile.full_mb is not None:
                 hi = min(hi, profile.full_mb)
             specs.append(NodeSpec(name, cfg.priority, lo, max(lo, hi), profile.table))
         return specs
 
-    def held_mb(self, now_s: float) -> float:
-        """Memory the live model nodes hold that ``available`` lacks (their anonymous growth)."""
+    def held_mb(self, now_s: float, *, waiting_only: bool = False) -> float:
+        """Memory the live model nodes hold that ``available`` lacks (their anonymous growth);
+        ``waiting_only``: of the nodes not budgeted yet."""
         total = 0.0
         for _, profile in self._live_profiles(now_s):
+            if waiting_only and profile.measured:
+                continue
             held = profile.anon_held_mb if profile.anon_held_mb is not None else profile.held_mb
             total += held or 0.0
         return total
@@ -187,7 +200,8 @@ class BudgetPlanner:
         specs = self.specs(now_s)
         held = self.held_mb(now_s)
         total = dnn_pool_mb(reading.available_mb, held, self.config.pool, reading.gpu_shared_mb)
-        alloc = allocate(total, specs)
+        # nodes still waiting for their first frame keep what they hold: it is not the others' to split
+        alloc = allocate(max(0.0, total - self.held_mb(now_s, waiting_only=True)), specs)
         bounds = {s.name: (s.min_mb, s.max_mb) for s in specs}
         current = {s.name: mb for s in specs if (mb := self._nodes[s.name].applied_mb) is not None}
         last = {s.name: self._nodes[s.name].applied_s for s in specs}
@@ -209,11 +223,12 @@ class BudgetPlanner:
                 budget_mb=state.applied_mb, target_mb=decided.get(spec.name, spec.min_mb),
                 min_mb=spec.min_mb, max_mb=spec.max_mb if math.isfinite(spec.max_mb) else None,
                 priority=spec.weight, predicted_ms=spec.predicted_ms(decided.get(spec.name, spec.min_mb)),
-                held_mb=state.profile.held_mb if state.profile else None, last_error=state.last_error)
+                held_mb=state.profile.held_mb if state.profile else None, last_error=state.last_error,
+                starved=spec.name in alloc.starved)
         report = BudgetReport(stamp=now_s, source=reading.source, available_mb=reading.available_mb,
                               held_mb=held, reserve_mb=self.config.pool.reserve_mb, total_mb=alloc.total_mb,
                               pressure=alloc.pressure, infeasible=alloc.infeasible, reason=reason,
-                              nodes=nodes)
+                              nodes=nodes, starved=list(alloc.starved), waiting=self.waiting(now_s))
         return Evaluation(report, alloc, pushes)
 
 

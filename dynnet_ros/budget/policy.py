@@ -60,6 +60,9 @@ class Allocation:
     pressure: bool                 # some node gets less than its maximum (it has to swap)
     spare_mb: float                # left over after every node reached its maximum
     weighted_latency: float | None = None
+    #: when infeasible: the nodes whose minimums do not fit once higher-priority ones are covered
+    #: (``starvation_order``); they still get their minimum, which overcommits the pool by theirs
+    starved: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -119,8 +122,30 @@ def segments(node: NodeSpec) -> list[Segment]:
     return out
 
 
+def starvation_order(nodes: list[NodeSpec]) -> list[NodeSpec]:
+    """The order in which minimums are covered when the pool cannot cover them all: highest
+    priority weight first, then the smaller minimum (more nodes keep running), then by name."""
+    return sorted(nodes, key=lambda n: (-n.weight, n.min_mb, n.name))
+
+
+def starved_nodes(total_mb: float, nodes: list[NodeSpec]) -> tuple[str, ...]:
+    """Nodes whose minimum the pool cannot cover: minimums are covered in ``starvation_order``
+    and a node whose minimum does not fit in what is left is starved (the next ones may still fit)."""
+    left, starved = total_mb, []
+    for node in starvation_order(nodes):
+        if node.min_mb <= left + 1e-9:
+            left -= node.min_mb
+        else:
+            starved.append(node.name)
+    return tuple(starved)
+
+
 def allocate(total_mb: float, nodes: list[NodeSpec]) -> Allocation:
-    """Split ``total_mb`` across ``nodes`` (see the module docstring for the rule)."""
+    """Split ``total_mb`` across ``nodes`` (see the module docstring for the rule).
+
+    No node ever gets less than its ``min_mb``: a budget below it is one the node cannot run
+    in. When the pool is below the sum of minimums the allocation is ``infeasible``, every node
+    sits at its minimum and ``starved`` names the nodes the pool does not cover."""
     if math.isnan(total_mb):
         raise ValueError("total budget must be a number, got NaN")
     names = [n.name for n in nodes]
@@ -147,7 +172,8 @@ def allocate(total_mb: float, nodes: list[NodeSpec]) -> Allocation:
     known = [(n.weight, ms) for n in nodes if (ms := predicted[n.name]) is not None]
     weighted = sum(w * ms for w, ms in known) if known and len(known) == len(nodes) else None
     pressure = infeasible or any(budgets[n.name] + 1e-6 < n.max_mb for n in nodes)
-    return Allocation(total_mb, budgets, predicted, infeasible, pressure, spare, weighted)
+    starved = starved_nodes(total_mb, nodes) if infeasible else ()
+    return Allocation(total_mb, budgets, predicted, infeasible, pressure, spare, weighted, starved)
 
 
 # --------------------------------------------------------------------------- the DNN pool

@@ -68,15 +68,20 @@ def engine_profile(node: str, engine: BudgetedModel, *, rss_mb: float | None, he
 
 
 class ProfileHold:
-    """Hold a node's budget bounds at the most demanding input size seen in the last ``window_s``.
+    """A node's budget bounds over every input size class it served in the last ``window_s``.
 
     Why: an engine's table, minimum and full footprint are per input size, and a camera that
-    cycles resolutions (the sensor simulator does, every few seconds) moved them every cycle.
-    The manager then saw the node's budget fall outside its bounds and re-pushed a budget on
-    almost every evaluation. A budget must fit the largest frame the camera currently sends
-    anyway, so the published bounds and table are those of the profile with the largest minimum
-    in the window (ties: the largest full footprint); the memory readings stay current.
-    Bounds are also rounded up to ``quantum_mb`` so sub-MB estimate noise is not a change.
+    cycles resolutions (the sensor simulator does, every few seconds) moved them every cycle:
+    the manager re-pushed a budget on almost every evaluation, and a budget that fit the small
+    size was below the node's minimum when the large one came back. So the hold keeps the
+    latest profile of each size class (the model-input "HxW") and publishes every class's
+    minimum (``min_by_size``) with the bounds and table of the most demanding class (largest
+    minimum; ties: the largest full footprint); the memory readings stay current. A class not
+    seen for ``window_s`` is dropped. Minimums *announced* for size classes not run yet (the
+    engine's minimum at that input size plus the node's frame buffers) join ``min_by_size``, so
+    the manager's budget fits a resolution switch before it arrives. Before the engine ran a
+    frame (``size`` None) nothing is held and the profile goes out as ``measured: false``.
+    Bounds are rounded up to ``quantum_mb`` so sub-MB estimate noise is not a change.
     """
 
     def __init__(self, window_s: float = 30.0, quantum_mb: float = 0.5) -> None:
@@ -85,21 +90,38 @@ class ProfileHold:
         if not (math.isfinite(quantum_mb) and quantum_mb > 0):
             raise ValueError(f"quantum_mb must be a finite number > 0, got {quantum_mb!r}")
         self.window_s, self.quantum_mb = window_s, quantum_mb
-        self._seen: list[tuple[float, ModelProfile]] = []
+        self._seen: dict[str, tuple[float, ModelProfile]] = {}
 
     def _round_up(self, value: float | None) -> float | None:
         return None if value is None else math.ceil(value / self.quantum_mb - 1e-9) * self.quantum_mb
 
-    def update(self, profile: ModelProfile, now_s: float) -> ModelProfile:
-        """Record ``profile`` (the engine's view now) and return the one to publish."""
-        self._seen = [(t, p) for t, p in self._seen if now_s - t <= self.window_s]
-        self._seen.append((now_s, profile))
-        worst = max((p for _, p in self._seen),
-                    key=lambda p: (p.min_mb if p.min_mb is not None else -1.0,
-                                   p.full_mb if p.full_mb is not None else -1.0))
-        return replace(profile, min_mb=self._round_up(worst.min_mb), full_mb=self._round_up(worst.full_mb),
-                       table=worst.table)
+    def update(self, profile: ModelProfile, now_s: float, size: str | None,
+               announced: dict[str, float] | None = None) -> ModelProfile:
+        """Record ``profile`` (the engine's view now, at input size class ``size``; None before
+        its first frame) and return the one to publish. ``announced``: minimums per size class
+        known before such a frame arrives; each class publishes the larger of it and the measured."""
+        self._seen = {k: (t, p) for k, (t, p) in self._seen.items() if now_s - t <= self.window_s}
+        announced_up = {k: mb for k, v in (announced or {}).items() if (mb := self._round_up(v)) is not None}
+        if size is None and not self._seen:
+            return replace(profile, min_mb=self._round_up(profile.min_mb), full_mb=self._round_up(profile.full_mb),
+                           size=None, min_by_size=dict(sorted(announced_up.items())), measured=False)
+        if size is not None:
+            self._seen[size] = (now_s, profile)
+        held = [p for _, p in self._seen.values()]
+        worst = max(held, key=lambda p: (p.min_mb if p.min_mb is not None else -1.0,
+                                         p.full_mb if p.full_mb is not None else -1.0))
+        full = max((p.full_mb for p in held if p.full_mb is not None), default=None)
+        by_size = dict(announced_up)
+        for k, (_, p) in self._seen.items():
+            if (mb := self._round_up(p.min_mb)) is not None:
+                by_size[k] = max(mb, by_size.get(k, 0.0))
+        return replace(profile, min_mb=self._round_up(worst.min_mb), full_mb=self._round_up(full),
+                       table=worst.table, size=size, min_by_size=dict(sorted(by_size.items())), measured=True)
+
+    def sizes(self) -> list[str]:
+        """The size classes held now."""
+        return list(self._seen)
 
     def reset(self) -> None:
         """Forget what was seen (a new model: the old sizes say nothing about it)."""
-        self._seen = []
+        self._seen = {}

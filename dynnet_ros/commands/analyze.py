@@ -1,8 +1,8 @@
 """`dynnet analyze`: RDP shape analysis of an ONNX model (or the operator table)."""
 from __future__ import annotations
 
+import argparse
 import json
-import re
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -11,7 +11,7 @@ import onnx.defs
 from rich.console import Console
 from rich.table import Table
 
-from dynnet_ros.commands import CommandError
+from dynnet_ros.commands import CommandError, arguments
 from dynnet_ros.engine.rdp import analyze
 from dynnet_ros.engine.rdp.registry import CUSTOM, REGISTRY
 from dynnet_ros.zoo import resolve_model_spec
@@ -20,24 +20,18 @@ NAME = "analyze"
 HELP = "symbolic rank/dimension propagation (RDP) of an ONNX model"
 
 
-def add_arguments(parser) -> None:
-    parser.add_argument("model", nargs="?", help="path to an .onnx model, or zoo:NAME")
-    parser.add_argument("--input-shape", action="append", default=[], metavar="NAME=1x3x480x640",
-                        help="pin an input's shape (repeatable)")
-    parser.add_argument("--divisor", action="append", default=[], metavar="SYM=32",
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", nargs="?", type=arguments.model_spec, help="path to an .onnx model, or zoo:NAME")
+    parser.add_argument("--input-shape", action="append", default=[], type=arguments.input_shape,
+                        metavar="NAME=1x3x480x640", help="pin an input's shape (repeatable)")
+    parser.add_argument("--divisor", action="append", default=[], type=arguments.divisor, metavar="SYM=32",
                         help="declare an input symbol a multiple of an int (repeatable)")
-    parser.add_argument("--json", metavar="FILE", help="write the RDP JSON (DESIGN.md contract) to FILE")
+    parser.add_argument("--json", type=arguments.output_file, metavar="FILE",
+                        help="write the RDP JSON (the contract in docs/rdp.md) to FILE")
     parser.add_argument("--ops", action="store_true", help="print the operator classification table")
     parser.add_argument("--markdown", action="store_true", help="with --ops: print it as Markdown")
-    parser.add_argument("--top", type=int, default=10, help="unresolved tensors to list (default 10)")
-
-
-def parse_shape(text: str) -> tuple[str, list[int]]:
-    m = re.fullmatch(r"\s*([^=]+)=([0-9x, ]+)\s*", text)
-    if not m:
-        raise CommandError(f"--input-shape {text!r}: expected NAME=1x3x480x640")
-    dims = [d for d in re.split(r"[x,]", m.group(2).replace(" ", "")) if d != ""]
-    return m.group(1).strip(), [int(d) for d in dims]
+    parser.add_argument("--top", type=arguments.nonnegative_int, default=10,
+                        help="unresolved tensors to list (default 10)")
 
 
 def ops_table() -> list[dict]:
@@ -86,15 +80,10 @@ def run(args) -> int:
     if not args.model:
         raise CommandError("give a MODEL path (or --ops)")
 
+    shapes = {name: list(dims) for name, dims in args.input_shape}
+    divisors = dict(args.divisor)
     model = resolve_model_spec(args.model)
-
-    shapes = dict(parse_shape(s) for s in args.input_shape)
-    divisors = {}
-    for d in args.divisor:
-        k, _, v = d.partition("=")
-        if not v.isdigit():
-            raise CommandError(f"--divisor {d!r}: expected SYM=INT")
-        divisors[k.strip()] = int(v)
+    arguments.check_input_shapes(model, args.input_shape)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         res = analyze(model, shapes or None, divisors or None)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -20,10 +21,11 @@ import onnx
 import onnxruntime as ort
 from matplotlib.figure import Figure
 
+from dynnet_ros.commands import CommandError, arguments
 from dynnet_ros.engine import Engine
 from dynnet_ros.engine.backends.cpu import default_threads, session_options
 from dynnet_ros.engine.backends.cpu_planned import create_planned_executor
-from dynnet_ros.engine.backends.registry import load_for_backend
+from dynnet_ros.engine.backends.registry import BACKEND_NAMES, available_backends, load_for_backend
 from dynnet_ros.engine.model_io import input_specs, load_model
 from dynnet_ros.engine.procmem import reset_peak_rss, status_bytes
 from dynnet_ros.units import MB
@@ -37,44 +39,56 @@ _SPECIAL_INPUTS = {"score_threshold": 0.3, "iou_threshold": 0.5, "max_detections
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="ONNX file or zoo:NAME")
-    parser.add_argument("--shapes", default="224-640:32",
-                        help="image sides LO-HI:STEP (H and W drawn from them) or a list HxW,HxW,...")
-    parser.add_argument("--samples", type=int, default=50, help="length of the shape sequence")
+    parser.add_argument("model", type=arguments.model_spec, help="ONNX file or zoo:NAME")
+    parser.add_argument("--shapes", type=shape_spec, default="224-640:32",
+                        help="image sides LO-HI:STEP (H and W drawn from them) or a list HxW,HxW,...; "
+                             f"sides are multiples of {arguments.INPUT_MULTIPLE}")
+    parser.add_argument("--samples", type=arguments.positive_int, default=50, help="length of the shape sequence")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None, help="intra-op threads for both (default: all cores)")
-    parser.add_argument("--steady-runs", type=int, default=2,
+    parser.add_argument("--threads", type=arguments.positive_int, default=None,
+                        help="intra-op threads for both (default: all cores)")
+    parser.add_argument("--steady-runs", type=arguments.nonnegative_int, default=2,
                         help="extra runs per distinct shape after the sequence (steady-state latency)")
-    parser.add_argument("--repeats", type=int, default=1,
+    parser.add_argument("--repeats", type=arguments.positive_int, default=1,
                         help="alternate engine/onnxruntime processes this many times; medians are reported")
-    parser.add_argument("--engine-backend", default="cpu", help="Engine backend for the 'engine' side")
-    parser.add_argument("--json", metavar="FILE", help="write the full results as JSON")
-    parser.add_argument("--plot", metavar="PNG", help="write a side-by-side plot")
+    parser.add_argument("--engine-backend", choices=BACKEND_NAMES, default="cpu",
+                        help="Engine backend for the 'engine' side")
+    parser.add_argument("--json", type=arguments.output_file, metavar="FILE", help="write the full results as JSON")
+    parser.add_argument("--plot", type=arguments.output_file, metavar="PNG", help="write a side-by-side plot")
 
 
-def shape_sequence(spec: str, samples: int, seed: int) -> list[tuple[int, int]]:
-    """``LO-HI:STEP`` → ``samples`` (H, W) pairs drawn with ``seed``; ``HxW,...`` → that list, cycled."""
-    if samples < 1:
-        raise ValueError(f"--samples must be >= 1, got {samples}")
-    spec = spec.strip()
+@dataclass(frozen=True)
+class ShapeSpec:
+    """``--shapes``: a list of (H, W) pairs, cycled, or the image sides H and W are drawn from."""
+
+    pairs: tuple[tuple[int, int], ...] = ()
+    sides: tuple[int, ...] = ()
+
+    def sequence(self, samples: int, seed: int) -> list[tuple[int, int]]:
+        """``samples`` (H, W) pairs: the list cycled, or sides drawn with ``seed``."""
+        if samples < 1:
+            raise ValueError(f"samples must be >= 1, got {samples}")
+        if self.pairs:
+            return [self.pairs[i % len(self.pairs)] for i in range(samples)]
+        rng = np.random.default_rng(seed)
+        return [(int(rng.choice(self.sides)), int(rng.choice(self.sides))) for _ in range(samples)]
+
+
+def shape_spec(text: str) -> ShapeSpec:
+    """``LO-HI:STEP`` (sides LO, LO+STEP, ... <= HI) or ``HxW,HxW,...`` (argparse type)."""
+    spec = text.strip()
+    if "x" in spec.lower():
+        return ShapeSpec(pairs=tuple(arguments.image_sizes(spec)))
+    multiple = arguments.INPUT_MULTIPLE
+    lohi, _, step_text = spec.partition(":")
     try:
-        if "x" in spec:
-            pairs: list[tuple[int, int]] = []
-            for item in filter(None, spec.split(",")):
-                height, width = (int(v) for v in item.split("x"))  # ValueError unless exactly two
-                if min(height, width) < 1:
-                    raise ValueError
-                pairs.append((height, width))
-            return [pairs[i % len(pairs)] for i in range(samples)]
-        lohi, _, step = spec.partition(":")
-        lo, hi = (int(v) for v in lohi.split("-"))
-        sides = list(range(lo, hi + 1, int(step or 32)))
-        if not sides or lo < 1:
-            raise ValueError
+        lo, hi = (int(v) for v in lohi.split("-"))  # ValueError unless exactly two
+        step = int(step_text or multiple)
     except ValueError:
-        raise ValueError(f"bad --shapes {spec!r}: use LO-HI:STEP (e.g. 224-640:32) or HxW,HxW") from None
-    rng = np.random.default_rng(seed)
-    return [(int(rng.choice(sides)), int(rng.choice(sides))) for _ in range(samples)]
+        raise argparse.ArgumentTypeError(f"{spec!r}: use LO-HI:STEP (e.g. 224-640:32) or HxW,HxW") from None
+    if lo < 1 or step < 1 or hi < lo or lo % multiple or step % multiple:
+        raise argparse.ArgumentTypeError(f"{spec}: need 1 <= LO <= HI, with LO and STEP multiples of {multiple}")
+    return ShapeSpec(sides=tuple(range(lo, hi + 1, step)))
 
 
 def make_feeds(specs, height: int, width: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -296,8 +310,11 @@ def plot(result: dict, path: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    reason = available_backends()[args.engine_backend]
+    if reason is not None:
+        raise CommandError(f"argument --engine-backend: {args.engine_backend} is unavailable: {reason}")
+    shapes = args.shapes.sequence(args.samples, args.seed)
     model_path = resolve_model_spec(args.model)
-    shapes = shape_sequence(args.shapes, args.samples, args.seed)
     result = compare(model_path, shapes, threads=args.threads, seed=args.seed, steady_runs=args.steady_runs,
                      repeats=args.repeats, backend=args.engine_backend)
     result["nodes"] = node_counts(model_path, args.threads)

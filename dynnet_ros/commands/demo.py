@@ -23,8 +23,9 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from dynnet_ros.commands import CommandError
+from dynnet_ros.commands import arguments
 from dynnet_ros.commands.up import GraphRunner, StopRequest, load_config
+from dynnet_ros.graph_config import validate_namespace
 from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.nodes.diagnostics import level_value, status_values
 
@@ -35,12 +36,22 @@ MODEL_TASKS = ("lane", "pedestrian", "depth")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--duration", type=float, default=30.0, metavar="S", help="seconds to run (default 30)")
-    parser.add_argument("--report", type=Path, default=Path("demo-report"), help="report directory")
-    parser.add_argument("--config", type=Path, default=None, help="graph description (default: vehicle.yaml)")
+    parser.add_argument("--duration", type=arguments.positive_float, default=30.0, metavar="S",
+                        help="seconds to run (default 30)")
+    parser.add_argument("--report", type=arguments.output_dir, default=Path("demo-report"), help="report directory")
+    parser.add_argument("--config", type=arguments.existing_file, default=None,
+                        help="graph description (default: vehicle.yaml)")
     parser.add_argument("--no-live", action="store_true", help="no live table (plain progress lines instead)")
-    parser.add_argument("--namespace", default="", metavar="NS",
+    parser.add_argument("--namespace", type=namespace, default="", metavar="NS",
                         help="run the graph under this ROS namespace (as `dynnet up --namespace`)")
+
+
+def namespace(text: str) -> str:
+    """A ROS namespace (argparse type): '' or /name[/name...]."""
+    try:
+        return validate_namespace(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 @dataclass
@@ -205,8 +216,6 @@ def _pixels(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.duration <= 0:
-        raise CommandError(f"--duration must be positive, got {args.duration}")
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
     config = load_config(args.config)
     report = Path(args.report)

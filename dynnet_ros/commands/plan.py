@@ -10,6 +10,7 @@ from pathlib import Path
 import onnx
 import onnxruntime as ort
 
+from dynnet_ros.commands import arguments
 from dynnet_ros.engine.backends.cpu_planned import create_planned_executor
 from dynnet_ros.engine.backends.registry import load_for_backend
 from dynnet_ros.engine.plan.executor import PlannedExecutor, reference_shapes
@@ -23,8 +24,9 @@ HELP = "show the planned engine's simplification, partitions, order and memory p
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="ONNX file or zoo:NAME")
-    parser.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0xD1x...",
+    parser.add_argument("model", type=arguments.model_spec, help="ONNX file or zoo:NAME")
+    parser.add_argument("--input-shape", action="append", default=[], type=arguments.input_shape,
+                        metavar="NAME=D0xD1x...",
                         help="concrete input shape for the memory plan (repeatable); default: every "
                              "dynamic dim at the planner's reference size")
     parser.add_argument("--granularity", choices=("choose", "auto", "fine", "coarse"), default="choose",
@@ -32,24 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layout", choices=("nchwc", "as-given"), default="nchwc",
                         help="nchwc (what Engine runs where the CPU has NCHWc kernels): plan onnxruntime's "
                              "blocked-layout rewrite; as-given: plan the model's own graph")
-    parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    parser.add_argument("--json", type=arguments.output_file, metavar="FILE", help="write the report as JSON")
     parser.add_argument("--order", action="store_true", help="print the full node execution order")
-
-
-def parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
-    shapes = {}
-    for item in items:
-        name, sep, dims = item.partition("=")
-        try:
-            if not sep or not name:
-                raise ValueError
-            shape = tuple(int(d) for d in dims.lower().split("x"))
-            if any(d < 0 for d in shape):
-                raise ValueError
-        except ValueError:
-            raise ValueError(f"bad --input-shape {item!r}: use NAME=D0xD1x... (e.g. image=1x3x480x640)") from None
-        shapes[name] = shape
-    return shapes
 
 
 def build_report(model_spec: str, shapes: dict[str, tuple[int, ...]], granularity: str = "choose",
@@ -140,7 +126,9 @@ def _print(report: dict, show_order: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    report = build_report(args.model, parse_shapes(args.input_shape), args.granularity, args.layout)
+    model = resolve_model_spec(args.model)
+    arguments.check_input_shapes(model, args.input_shape)
+    report = build_report(model, dict(args.input_shape), args.granularity, args.layout)
     _print(report, args.order)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))

@@ -8,8 +8,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from dynnet_ros.commands import CommandError
-from dynnet_ros.commands.swap_bench import BenchPlan, plot, run_bench
+from dynnet_ros.commands import CommandError, arguments
+from dynnet_ros.commands.swap_bench import OVER_LIMIT, BenchPlan, plot, run_bench, run_sweep, sweep_sizes
 from dynnet_ros.engine.plan.loader import load_skeleton
 from dynnet_ros.swap.streamed import prepare_weight_file
 from dynnet_ros.swap.weight_file import StoreError
@@ -23,34 +23,32 @@ HELP = "weights streamed under a memory budget: prepare a weight file, benchmark
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="swap_command", required=True, metavar="ACTION")
     prep = sub.add_parser("prepare", help="write MODEL's weight file for streaming (built on first use otherwise)")
-    prep.add_argument("model", help="ONNX file or zoo:NAME")
+    prep.add_argument("model", type=arguments.model_spec, help="ONNX file or zoo:NAME")
     prep.add_argument("--layout", choices=("nchwc", "as-given"), default="nchwc",
                       help="nchwc: onnxruntime's blocked layout where this CPU has its kernels, else the model "
                            "as given (default); as-given: always the model as given")
-    prep.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the weight file's summary as JSON")
+    prep.add_argument("--json", type=arguments.output_file, default=None, metavar="FILE",
+                      help="write the weight file's summary as JSON")
 
     bench = sub.add_parser("bench", help="peak memory and latency per budget: streamed vs in-memory vs naive")
-    bench.add_argument("model", help="ONNX file or zoo:NAME")
-    bench.add_argument("--budgets", default="100%,50%,25%",
+    bench.add_argument("model", type=arguments.model_spec, help="ONNX file or zoo:NAME")
+    bench.add_argument("--budgets", type=arguments.budget_list, default="100%,50%,25%",
                        help="P%% = room for P%% of the weights (unlimited peak - (1-P)*weights), or N MB")
-    bench.add_argument("--size", default="480x640", help="input HxW (default 480x640)")
-    bench.add_argument("--iters", type=int, default=8)
-    bench.add_argument("--repeats", type=int, default=1, help="rounds of fresh processes; medians reported")
-    bench.add_argument("--threads", type=int, default=None)
+    sizes = bench.add_mutually_exclusive_group()
+    sizes.add_argument("--size", type=arguments.image_size, default=None,
+                       help="one input HxW: the full comparison (onnxruntime, in-memory, streamed, naive, A/B)")
+    sizes.add_argument("--sizes", type=arguments.image_sizes, default=None,
+                       help="the size sweep's input sizes HxW[,HxW...] (default: every padded size the nodes feed "
+                            "for 320x240 ... 1920x1080 cameras with max_input_side 640); peak / budget per size, "
+                            "rows above 1.05 flagged")
+    bench.add_argument("--iters", type=arguments.positive_int, default=8)
+    bench.add_argument("--repeats", type=arguments.positive_int, default=1,
+                       help="rounds of fresh processes; medians reported")
+    bench.add_argument("--threads", type=arguments.positive_int, default=None)
     bench.add_argument("--no-ab", action="store_true",
                        help="skip the same-process A/B latency run (direct onnxruntime vs swapped, alternating)")
-    bench.add_argument("--json", type=Path, default=None, metavar="FILE")
-    bench.add_argument("--png", type=Path, default=None, metavar="FILE")
-
-
-def parse_sizes(text: str) -> list[tuple[int, int]]:
-    try:
-        sizes = [tuple(int(v) for v in item.lower().split("x")) for item in text.split(",") if item.strip()]
-        if not sizes or any(len(s) != 2 or min(s) < 1 for s in sizes):
-            raise ValueError
-    except ValueError:
-        raise CommandError(f"bad size list {text!r}: use HxW[,HxW...]") from None
-    return sizes  # type: ignore[return-value]
+    bench.add_argument("--json", type=arguments.output_file, default=None, metavar="FILE")
+    bench.add_argument("--png", type=arguments.output_file, default=None, metavar="FILE")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,7 +64,7 @@ def _prepare(args) -> int:
     except (ValueError, OSError, StoreError) as exc:
         raise CommandError(str(exc)) from None
     if reason:
-        console.print(f"[yellow]weight file rebuilt:[/] {reason}")
+        console.print(f"replaced a damaged or stale weight file ({reason})")
     console.print(f"{weights.directory}: {weights.layout} layout, {len(weights.tensors)} tensors, "
                   f"{weights.size / MB:.1f} MB, FC weights split at {weights.index['split_bytes'] / MB:.2f} MB")
     if args.json:
@@ -78,10 +76,10 @@ def _prepare(args) -> int:
 
 def _bench(args) -> int:
     model = resolve_model_spec(args.model)
-    (size,) = parse_sizes(args.size)[:1]
-    budgets = [b for b in args.budgets.split(",") if b.strip()]
-    if not budgets or args.iters < 1 or args.repeats < 1:
-        raise CommandError("need at least one budget, --iters >= 1 and --repeats >= 1")
+    budgets: list[str] = args.budgets
+    if args.size is None:
+        return _sweep(args, model, budgets, args.sizes or sweep_sizes())
+    size: tuple[int, int] = args.size
     console = Console(width=max(160, Console().width))
     plan = BenchPlan(model, budgets, size, iters=args.iters, threads=args.threads, repeats=args.repeats,
                      ab=not args.no_ab)
@@ -109,4 +107,32 @@ def _bench(args) -> int:
         args.json.write_text(json.dumps(result, indent=1))
     if args.png:
         plot(result, args.png)
+    return 0
+
+
+def _sweep(args, model: str, budgets: list[str], sizes: list[tuple[int, int]]) -> int:
+    """The size sweep: peak / budget per input size and budget, rows above the limit flagged."""
+    console = Console(width=max(120, Console().width))
+    with console.status("size sweep …") as status:
+        result = run_sweep(model, budgets, sizes, iters=args.iters, threads=args.threads,
+                           progress=lambda text: status.update(text))
+    table = Table(title=f"{Path(model).name}: weights {result['weight_mb']:.1f} MB, peak / budget per input size")
+    for col in ("size", "config", "budget MB", "peak MB", "peak/budget", f"> {OVER_LIMIT:g}", "mean ms"):
+        table.add_column(col, justify="left" if col in ("size", "config") else "right")
+    fmt = lambda v, f="{:.1f}": "-" if v is None else f.format(v)  # noqa: E731
+    for row in result["rows"]:
+        size = f"{row['size'][0]}x{row['size'][1]}"
+        if "error" in row:
+            table.add_row(size, row["config"], fmt(row["budget_mb"]), "[yellow]refused: " + row["error"][-90:], "-",
+                          "-", "-")
+            continue
+        table.add_row(size, row["config"], fmt(row["budget_mb"]), fmt(row["peak_mb"]),
+                      fmt(row.get("peak_over_budget"), "{:.2f}"), "[red]OVER" if row.get("over") else "",
+                      fmt(row["mean_ms"]))
+    console.print(table)
+    worst = "-" if result["worst"] is None else f"{result['worst']:.2f}"
+    console.print(f"{len(result['rows'])} rows, {result['over']} above {OVER_LIMIT:g} x budget, "
+                  f"{result['refused']} refused (below the minimum at that size); worst peak/budget {worst}")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
     return 0

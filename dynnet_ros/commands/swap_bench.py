@@ -6,6 +6,10 @@ measures); this module plans the runs, starts the workers, and summarises their 
 Budget specs: ``P%`` leaves room for P % of the weights next to the in-memory footprint,
 i.e. budget = unlimited peak − (1 − P/100) × weight bytes (so ``25%`` leaves the window a
 quarter of the weights); ``NMB`` is an absolute budget.
+
+A size sweep (``run_sweep``, the default of ``dynnet swap bench``) measures, at every input size
+a model node can feed (``SWEEP_CAMERAS`` letterboxed as the nodes do), the in-memory engine and
+the streamed one at each budget, and flags every row whose peak exceeds ``OVER_LIMIT`` × budget.
 """
 from __future__ import annotations
 
@@ -22,8 +26,26 @@ from matplotlib.figure import Figure
 
 from dynnet_ros.engine.model_io import load_model, weight_bytes
 from dynnet_ros.engine.plan.loader import load_skeleton
+from dynnet_ros.nodes.geometry import plan_letterbox
 from dynnet_ros.swap.streamed import prepare_weight_file
 from dynnet_ros.units import MB
+
+#: camera resolutions (WxH) the sweep letterboxes, 320x240 … 1920x1080
+SWEEP_CAMERAS = ((320, 240), (640, 480), (800, 600), (1024, 768), (1280, 720), (1280, 800), (1280, 960),
+                 (1280, 1024), (1920, 1080))
+#: the nodes' default ``max_input_side`` and the models' input multiple
+SWEEP_MAX_SIDE = 640
+SWEEP_MULTIPLE = 32
+#: a row whose peak exceeds this × its budget is flagged
+OVER_LIMIT = 1.05
+
+
+def sweep_sizes(cameras=SWEEP_CAMERAS, max_side: int = SWEEP_MAX_SIDE,
+                multiple: int = SWEEP_MULTIPLE) -> list[tuple[int, int]]:
+    """Every padded input (H, W) the nodes feed for ``cameras``, in increasing area."""
+    sizes = {(box.pad_h, box.pad_w) for box in (plan_letterbox(h, w, multiple=multiple, max_side=max_side)
+                                                 for w, h in cameras)}
+    return sorted(sizes, key=lambda hw: (hw[0] * hw[1], hw))
 
 
 @dataclass
@@ -135,13 +157,13 @@ def run_bench(plan: BenchPlan, progress=print) -> dict:
             row["peak_over_budget"] = row["peak_mb"] / row["budget_mb"]
         summary.append(row)
     for row in summary:
-        ab = [r for r in runs.get(f"ab@{row['config'].partition('@')[2]}", []) if "error" not in r]
-        if row.get("mode") == "swap" and ab:
-            row["ab_ratio_mean"] = float(np.median([r["ratio_mean"] for r in ab]))
-            row["ab_ratio_median"] = float(np.median([r["ratio_median"] for r in ab]))
-            row["ab_cpu_ratio"] = float(np.median([r["cpu_ratio"] for r in ab]))
+        ab_runs = [r for r in runs.get(f"ab@{row['config'].partition('@')[2]}", []) if "error" not in r]
+        if row.get("mode") == "swap" and ab_runs:
+            row["ab_ratio_mean"] = float(np.median([r["ratio_mean"] for r in ab_runs]))
+            row["ab_ratio_median"] = float(np.median([r["ratio_median"] for r in ab_runs]))
+            row["ab_cpu_ratio"] = float(np.median([r["cpu_ratio"] for r in ab_runs]))
             for key in ("inmemory_ratio_mean", "inmemory_cpu_ratio", "inmemory_vs_ort_mean"):
-                values = [r[key] for r in ab if key in r]
+                values = [r[key] for r in ab_runs if key in r]
                 if values:
                     row[f"ab_{key}"] = float(np.median(values))
     inmem = next(r for r in summary if r["config"] == "inmemory")
@@ -155,6 +177,41 @@ def run_bench(plan: BenchPlan, progress=print) -> dict:
             "layout": weights.layout, "reference_ms": reference_ms, "store_rebuilt": rebuilt,
             "unlimited_peak_mb": inmem["peak_mb"], "budgets_mb": budgets,
             "summary": summary, "runs": runs, "threads": plan.threads, "repeats": plan.repeats}
+
+
+def run_sweep(model: str, budgets: list[str], sizes: list[tuple[int, int]], *, iters: int = 4,
+              threads: int | None = None, progress=print) -> dict:
+    """Peak / budget of the streamed engine at every size (see the module docstring): per size,
+    the in-memory engine's peak sets the P % budgets; a budget below the model's minimum at that
+    size is a refusal row carrying the reason (with the minimum)."""
+    weights, _ = prepare_weight_file(load_skeleton(model))  # built here, not inside a measured worker
+    weight_mb = weight_bytes(load_model(model, check=False)) / MB
+    rows: list[dict] = []
+    for height, width in sizes:
+        base = {"model": model, "size": [height, width], "iters": iters, "warmup": 1, "threads": threads}
+        progress(f"{height}x{width}: in-memory")
+        inmem = run_worker({**base, "mode": "inmemory"})
+        rows.append({"size": [height, width], "config": "inmemory", "budget_mb": None, "peak_mb": inmem["peak_mb"],
+                     "mean_ms": inmem["mean_ms"]})
+        for spec in budgets:
+            budget = parse_budget(spec, inmem["peak_mb"], weight_mb)
+            progress(f"{height}x{width}: swap @ {spec} = {budget:.1f} MB")
+            row: dict = {"size": [height, width], "config": f"swap@{spec}", "budget_mb": budget}
+            try:
+                result = run_worker({**base, "mode": "swap", "budget_mb": budget})
+            except RuntimeError as exc:
+                row["error"] = str(exc)
+            else:
+                row.update(peak_mb=result["peak_mb"], mean_ms=result["mean_ms"],
+                           peak_over_budget=result["peak_mb"] / budget,
+                           min_budget_mb=result["swap"]["min_budget_bytes"] / MB if result.get("swap") else None)
+                row["over"] = row["peak_over_budget"] > OVER_LIMIT
+            rows.append(row)
+    over = [r for r in rows if r.get("over")]
+    return {"model": model, "weight_mb": weight_mb, "store": str(weights.directory), "sizes": [list(s) for s in sizes],
+            "budgets": budgets, "limit": OVER_LIMIT, "rows": rows, "over": len(over),
+            "refused": sum(1 for r in rows if "error" in r),
+            "worst": max((r["peak_over_budget"] for r in rows if "peak_over_budget" in r), default=None)}
 
 
 def _max_diff(ref: str, other: str) -> float | None:

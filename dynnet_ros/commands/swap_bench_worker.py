@@ -23,17 +23,30 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any, Mapping, Protocol
 
 import numpy as np
 import onnxruntime as ort
 
 from dynnet_ros.engine import Engine
+from dynnet_ros.engine.memtrim import release_memory
 from dynnet_ros.engine.model_io import input_specs, load_model
 from dynnet_ros.engine.procmem import reset_peak_rss, status_bytes
 from dynnet_ros.units import MB
 
-SPECIAL_INPUTS = {"score_threshold": np.array([0.3], np.float32), "iou_threshold": np.array([0.5], np.float32),
-                  "max_detections": np.array([50], np.int64)}
+SPECIAL_INPUTS: dict[str, np.ndarray] = {
+    "score_threshold": np.array([0.3], np.float32), "iou_threshold": np.array([0.5], np.float32),
+    "max_detections": np.array([50], np.int64)}
+
+
+class _Runner(Protocol):
+    """What every measured configuration offers: the Engine and direct onnxruntime (``_OrtDirect``)."""
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
 
 
 # ---------------------------------------------------------------------------- measurements
@@ -89,37 +102,40 @@ def make_feeds(input_specs, height: int, width: int, seed: int = 0) -> dict[str,
 def worker(config: dict) -> dict:
     """Run one configuration in this (fresh) process and return its measurements."""
     specs = input_specs(load_model(config["model"], check=False))
-    feeds = make_feeds(specs, *config["size"], seed=config.get("seed", 0))
-    gc.collect()
+    height, width = config["size"]
+    feeds = make_feeds(specs, height, width, seed=config.get("seed", 0))
+    release_memory()  # the parsed model's freed heap goes back first: reused by the engine, it would hide its growth
     reset_peak_rss()
     baseline = status_bytes("VmRSS") // 1024
     cached0 = meminfo_kb("Cached")
     mode = config["mode"]
     budget = config.get("budget_mb")
     start = time.perf_counter()
+    budgeted: Engine | None = None  # every mode but "ort": the Engine, with its budget controls
     try:
         if mode == "ab":
             return _ab_worker(config, feeds)
         if mode == "ort":  # the paper's DInf: the framework's own direct inference, default options
-            engine = _OrtDirect(config["model"], config.get("threads"))
+            engine: _Runner = _OrtDirect(config["model"], config.get("threads"))
         else:
-            engine = _engine_for(config["model"], config.get("threads"), budget if mode != "inmemory" else None,
-                                 feeds)
+            budgeted = _engine_for(config["model"], config.get("threads"), budget if mode != "inmemory" else None,
+                                   feeds)
+            engine = budgeted
     except ValueError as exc:  # a budget below the model's minimum is refused, with its reason
         return {"mode": mode, "budget_mb": budget, "error": f"rejected: {exc}"}
-    if mode == "naive" and engine._swap.streamed is not None:
-        engine._swap.streamed.window.naive = True
-        engine._swap.streamed.set_budget(int(budget * MB))
+    if mode == "naive" and budgeted is not None and budgeted._swap.streamed is not None:
+        budgeted._swap.streamed.window.naive = True
+        budgeted._swap.streamed.set_budget(int(config["budget_mb"] * MB))
     load_s = time.perf_counter() - start
     first = engine.run(feeds)  # the first frame settles partitions for this input size
-    if mode in ("swap", "naive") and budget is not None:
-        engine.set_memory_budget(budget)
+    if mode in ("swap", "naive") and budget is not None and budgeted is not None:
+        budgeted.set_memory_budget(budget)
     del first
     peak_load = status_bytes("VmHWM") // 1024 - baseline
     gc.collect()
     reset_peak_rss()
     latencies = []
-    outputs = None
+    outputs: dict[str, np.ndarray] | None = None
     for _ in range(config.get("warmup", 1)):
         engine.run(feeds)
     for _ in range(config["iters"]):
@@ -130,7 +146,7 @@ def worker(config: dict) -> dict:
     rss_end = status_bytes("VmRSS") // 1024 - baseline
     cached1 = meminfo_kb("Cached")
     stats = engine.stats()
-    window = None if mode == "ort" else engine.engine_stats().window
+    window = None if budgeted is None else budgeted.engine_stats().window
     result = {
         "mode": mode, "budget_mb": budget, "size": config["size"], "load_s": load_s,
         "peak_load_mb": peak_load / 1024, "peak_mb": peak / 1024, "rss_end_mb": rss_end / 1024,
@@ -140,37 +156,32 @@ def worker(config: dict) -> dict:
     }
     if window is not None:
         result["store_cached_mb"] = cached_bytes_of(Path(window.store) / "weights.bin") / MB
-    if config.get("switch_test") and window is not None:
-        table = [b for b, _ in engine.latency_table()]
-        levels = [b * 1.001 for b in table] or [budget]
+    if config.get("switch_test") and window is not None and budgeted is not None:
+        table = [b for b, _ in budgeted.latency_table()]
+        levels: list[float | None] = [b * 1.001 for b in table] or [budget]
         times = []
         for k in range(config.get("switches", 40)):
             level = levels[k % len(levels)] if k % 2 else budget
             t0 = time.perf_counter()
-            engine.set_memory_budget(level)
+            budgeted.set_memory_budget(level)
             times.append((time.perf_counter() - t0) * 1e3)
             if k % 4 == 3:
                 engine.run(feeds)  # the next frame after a switch runs with the new partition
         result["switch_ms"] = times
         result["switch_p95_ms"] = float(np.percentile(times, 95))
     if config.get("outputs"):
-        np.savez(config["outputs"], **outputs)
+        if outputs is None:
+            raise ValueError("saving outputs needs at least one measured frame (iters >= 1)")
+        np.savez(config["outputs"], **outputs)  # type: ignore[arg-type]  # stub: a ** dict might hold allow_pickle
     engine.close()
     return result
 
 
-def _engine_for(model: str, threads: int | None, budget: float | None, feeds: dict):
-    """An Engine under ``budget``.  Budgets are checked against the input size the engine has
-    seen; before its first frame that is the reference size (480x640).  When the bench input is
-    smaller and the budget only fits it, start in memory, run one frame, then apply the budget
-    (what a node does when the budget manager lowers its budget)."""
-    try:
-        return Engine(model, threads=threads, memory_budget_mb=budget)
-    except ValueError:
-        engine = Engine(model, threads=threads)
-        engine.run(feeds)
-        engine.set_memory_budget(budget)
-        return engine
+def _engine_for(model: str, threads: int | None, budget: float | None, feeds: dict) -> Engine:
+    """An Engine under ``budget`` at the bench's input size (budgets are judged at the input
+    shapes the engine is told; a budget below the minimum there is refused with the reason)."""
+    return Engine(model, threads=threads, memory_budget_mb=budget,
+                  input_shapes={name: tuple(value.shape) for name, value in feeds.items()})
 
 
 def _ab_worker(config: dict, feeds: dict) -> dict:
@@ -182,7 +193,7 @@ def _ab_worker(config: dict, feeds: dict) -> dict:
     direct.run(feeds)  # their first-frame allocations happen before the swapped engine's baseline
     inmemory.run(feeds)
     swapped = _engine_for(config["model"], config.get("threads"), config["budget_mb"], feeds)
-    runners = [("ort", direct), ("inmemory", inmemory), ("swap", swapped)]
+    runners: list[tuple[str, _Runner]] = [("ort", direct), ("inmemory", inmemory), ("swap", swapped)]
     for _ in range(config.get("warmup", 1)):
         for _, runner in runners:
             runner.run(feeds)
@@ -229,10 +240,10 @@ class _OrtDirect:
         self._session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
         self._names = [o.name for o in self._session.get_outputs()]
 
-    def run(self, feeds):
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return dict(zip(self._names, self._session.run(self._names, feeds)))
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         return {"executor": "onnxruntime", "blocks": 1}
 
     def close(self) -> None:

@@ -20,13 +20,22 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import yaml
 
 from dynnet_ros.commands import CommandError
-from dynnet_ros.graph_config import (GraphConfig, ProcessSpec, default_config_path, graph_processes,
-                                    load_graph, node_command, validate_namespace)
+from dynnet_ros.graph_config import (
+    GraphConfig,
+    ProcessSpec,
+    default_config_path,
+    graph_processes,
+    load_graph,
+    node_command,
+    validate_namespace,
+)
+from dynnet_ros.nodes.parameter_check import check_graph_parameters
+from dynnet_ros.zoo import ensure_model
 
 NAME = "up"
 HELP = "start the vehicle graph (config/vehicle.yaml) as separate processes; Ctrl-C stops it"
@@ -112,8 +121,6 @@ class GraphRunner:
         tasks = [MODEL_TASKS[n.executable] for n in self.nodes
                  if n.executable in MODEL_TASKS and not n.parameters.get("model_path")]
         if tasks:
-            from dynnet_ros.zoo import ensure_model
-
             for task in tasks:
                 ensure_model(task)
 
@@ -196,7 +203,7 @@ class StopRequest:
     def __init__(self) -> None:
         self.event = threading.Event()
         self.signal: int | None = None
-        self._old: dict[int, object] = {}
+        self._old: dict[int, Any] = {}  # what signal.signal returned
 
     def _handle(self, signum, _frame) -> None:
         self.signal = signum
@@ -213,7 +220,11 @@ class StopRequest:
 
 
 def load_config(path: Path | None) -> GraphConfig:
-    return load_graph(path if path is not None else default_config_path())
+    """The graph config, its parameters checked against what each node declares (ValueError
+    naming the file, node, parameter and reason: nothing is started)."""
+    graph = load_graph(path if path is not None else default_config_path())
+    check_graph_parameters(graph, graph.source)
+    return graph
 
 
 def run(args: argparse.Namespace) -> int:

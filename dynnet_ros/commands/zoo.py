@@ -9,7 +9,7 @@ import onnx
 from rich.console import Console, JustifyMethod
 from rich.table import Table
 
-from dynnet_ros.commands import CommandError
+from dynnet_ros.commands import CommandError, arguments
 from dynnet_ros.engine.plan.layout import prepare as prepare_engine
 from dynnet_ros.swap.streamed import prepare as prepare_streaming
 from dynnet_ros.zoo import BUILDER_VERSION, MODEL_NAMES, build_model, ensure_model, zoo_dir
@@ -24,16 +24,20 @@ _H, _W = 480, 640
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="zoo_command", required=True, metavar="ACTION")
     build = sub.add_parser("build", help="build all models into the cache (or --out DIR)")
-    build.add_argument("--out", type=Path, default=None, help="output directory (default: $DYNNET_ZOO_DIR "
-                       "or ~/.cache/dynnet_ros/zoo)")
+    build.add_argument("--out", type=arguments.output_dir, default=None,
+                       help="output directory (default: $DYNNET_ZOO_DIR or ~/.cache/dynnet_ros/zoo)")
     build.add_argument("--force", action="store_true", help="rebuild even when the cached files are current")
-    build.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the table as JSON")
+    build.add_argument("--json", type=arguments.output_file, default=None, metavar="FILE",
+                       help="also write the table as JSON")
     info = sub.add_parser("info", help="print params, weight MB and GFLOPs at 640x480 (builds in memory)")
-    info.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the table as JSON")
+    info.add_argument("--json", type=arguments.output_file, default=None, metavar="FILE",
+                      help="also write the table as JSON")
     info.add_argument("--latency", action="store_true",
                       help="also measure onnxruntime CPU latency at 640x480 (median of --runs)")
-    info.add_argument("--threads", type=int, default=2, help="intra-op threads for --latency (default 2)")
-    info.add_argument("--runs", type=int, default=10, help="timed runs per model for --latency (default 10)")
+    info.add_argument("--threads", type=arguments.positive_int, default=2,
+                      help="intra-op threads for --latency (default 2)")
+    info.add_argument("--runs", type=arguments.positive_int, default=10,
+                      help="timed runs per model for --latency (default 10)")
 
 
 def _row(name: str, stats: ModelStats, path: Path | None) -> dict:
@@ -64,8 +68,6 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     if args.zoo_command == "build":
         out = args.out if args.out is not None else zoo_dir()
-        if out.exists() and not out.is_dir():
-            raise ValueError(f"--out {out} exists and is not a directory")
         for name in MODEL_NAMES:
             try:
                 path = ensure_model(name, out, force=args.force)
@@ -76,8 +78,6 @@ def run(args: argparse.Namespace) -> int:
             prepare_streaming(path)  # the weight file a budget streams from
         title = f"dynnet zoo ({out}, builder {BUILDER_VERSION})"
     else:
-        if args.threads < 1 or args.runs < 1:
-            raise ValueError("--threads and --runs must be >= 1")
         for name in MODEL_NAMES:
             model = build_model(name)
             row = _row(name, model_stats(model), None)

@@ -1,6 +1,6 @@
 """The Engine facade: the one object nodes, tools and tests run models through.
 
-Its contract (DESIGN.md) stays fixed while the insides change: RDP plans, streamed weights and
+Its contract (docs/engine.md) stays fixed while the insides change: RDP plans, streamed weights and
 kernel versions plug in as executors (backends/base.py) without touching callers.
 """
 from __future__ import annotations
@@ -16,10 +16,8 @@ import onnxruntime as ort
 from dynnet_ros.engine.backends import create_executor, load_for_backend
 from dynnet_ros.engine.backends.base import Executor, ExecutorStats, WindowStats
 from dynnet_ros.engine.feeds import shape_signature, validate_feeds
-from dynnet_ros.engine.memtrim import release_memory
 from dynnet_ros.engine.model_io import InputSpec, ModelLike, input_specs, output_names, weight_bytes
-from dynnet_ros.engine.procmem import status_bytes
-from dynnet_ros.swap.control import BudgetModel, BudgetRefused, SwapControl
+from dynnet_ros.swap.control import BudgetModel, BudgetRefused, SwapControl, reference_shapes
 from dynnet_ros.units import MB
 
 
@@ -55,7 +53,7 @@ class EngineStats:
         return self.executor_stats.window
 
     def as_dict(self) -> dict[str, Any]:
-        """The dict DESIGN.md documents for ``Engine.stats()``."""
+        """The dict docs/engine.md lists for ``Engine.stats()``."""
         ex = self.executor_stats
         window = None if ex.window is None else {**asdict(ex.window), "mode": "stream",
                                                  "last_frame_read_mb": ex.window.last_frame_read_bytes / MB,
@@ -83,7 +81,8 @@ class Engine:
     """Run one ONNX model: validated inputs in, onnxruntime-compatible outputs out."""
 
     def __init__(self, model: ModelLike, backend: str = "cpu", *, threads: int | None = None,
-                 memory_budget_mb: float | None = None, swappable: bool = False, layout: str = "nchwc") -> None:
+                 memory_budget_mb: float | None = None, swappable: bool = False, layout: str = "nchwc",
+                 input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> None:
         """``swappable``: start on the executor that takes budgets later without a rebuild (the
         planned engine with streamed weights, all resident while there is no budget) — for
         callers whose budget will change, like the model nodes. Switching executors later
@@ -91,16 +90,16 @@ class Engine:
 
         ``layout`` (cpu backend): "nchwc" runs onnxruntime's blocked-layout rewrite where this
         CPU has its kernels and the model as given elsewhere; "as-given" always runs the model
-        as given. Budgets stream the weights of the same graph either way."""
+        as given. Budgets stream the weights of the same graph either way.
+
+        ``input_shapes``: the input shapes budgets refer to until the first frame (default: the
+        reference size, 480x640 for image inputs), e.g. the size a node will feed.
+
+        A budget bounds what this engine holds — its resident weights plus its footprint besides
+        them at the input size (swap/calibration.py) — not the process's RSS, which other engines
+        and the caller's own allocations change too."""
         if layout not in ("nchwc", "as-given"):
             raise ValueError(f"unknown layout {layout!r} (nchwc | as-given)")
-        # Free heap the process kept from earlier work goes back to the OS first: heap reused by
-        # this engine would otherwise hide its growth, and a trim after the baseline would
-        # subtract from it.
-        release_memory()
-        self.baseline_rss = status_bytes("VmRSS")  # budgets bound the RSS growth from here
-        #: bytes the caller allocated since and charges to itself (a node's frame buffers)
-        self.external_bytes = 0
         self.model_path = None if not isinstance(model, (str, bytes)) and not hasattr(model, "__fspath__") \
             else str(model)
         self.proto = load_for_backend(backend, model)  # planned cpu: weightless graph, weights stay in the file
@@ -110,6 +109,7 @@ class Engine:
         self.outputs: list[str] = output_names(self.proto)
         self.weight_bytes = weight_bytes(self.proto)
         self.layout = layout
+        self._expected_shapes = None if input_shapes is None else self._checked_shapes(input_shapes)
         # With a budget (or swappable) the budget policy builds the first executor: no full
         # in-memory one first.
         self._executor: Executor | None = None if memory_budget_mb is not None or swappable else \
@@ -122,7 +122,6 @@ class Engine:
         self._signatures: set = set()
         self._swap = SwapControl(BudgetModel(
             proto=self.proto, backend=backend, threads=threads, layout=layout, weight_bytes=self.weight_bytes,
-            baseline_rss=self.baseline_rss, external_bytes=lambda: self.external_bytes,
             create_executor=self._create_inmemory))
         try:
             self.set_memory_budget(memory_budget_mb)
@@ -133,9 +132,26 @@ class Engine:
     def _create_inmemory(self) -> Executor:
         return create_executor(self.backend, self.proto, threads=self.threads, layout=self.layout)
 
+    def _checked_shapes(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+        """``shapes`` as feeds of zeros would pass ``validate_feeds`` (ValueError otherwise)."""
+        if not isinstance(shapes, Mapping):
+            raise ValueError(f"input shapes must map input names to shapes, got {shapes!r}")
+        try:
+            out = {str(name): tuple(int(d) for d in shape) for name, shape in shapes.items()}
+        except (TypeError, ValueError):
+            raise ValueError(f"input shapes must be tuples of ints, got {dict(shapes)!r}") from None
+        out = {**reference_shapes(self.proto), **out}  # inputs not named: at the reference size
+        dtypes = {spec.name: spec.dtype for spec in self.inputs}
+        # zero-stride views: checked like feeds, nothing allocated
+        validate_feeds(self.inputs, {name: np.broadcast_to(np.zeros((), dtype=dtypes.get(name, np.float32)), shape)
+                                     for name, shape in out.items()})
+        return out
+
     def _shapes(self) -> dict[str, tuple[int, ...]] | None:
-        """The last input shapes run (budgets refer to the input size the engine last saw)."""
-        return None if self._last_signature is None else {name: tuple(shape) for name, shape in self._last_signature}
+        """The input shapes budgets refer to: the last run, else those given at construction."""
+        if self._last_signature is None:
+            return self._expected_shapes
+        return {name: tuple(shape) for name, shape in self._last_signature}
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Same semantics as ``InferenceSession.run(None, feeds)`` but keyed by output name."""
@@ -170,16 +186,14 @@ class Engine:
                 raise
             self._budget_mb = value
 
-    def set_external_bytes(self, nbytes: int) -> None:
-        """Declare memory the caller allocated after creating this engine and accounts for itself
-        (a node's frame buffers, which it takes off the budget it hands the engine). Engines that
-        measure their footprint as RSS growth leave it out."""
-        self.external_bytes = max(0, int(nbytes))
-
-    def min_budget_mb(self) -> float:
-        """Smallest budget this model can run in (largest block + activations + overhead)."""
+    def min_budget_mb(self, shapes: Mapping[str, tuple[int, ...]] | None = None) -> float:
+        """Smallest budget ``set_memory_budget`` accepts: the engine's footprint besides weights
+        at the input size + the weights of its heaviest step. ``shapes``: at these input shapes
+        (a size class not run yet) instead of the last run's. The same value in every process
+        state; measured once per model and shapes in a child process, then cached."""
+        checked = None if shapes is None else self._checked_shapes(shapes)
         with self._lock:
-            return self._swap.min_budget_mb(self._executor, self._shapes())
+            return self._swap.min_budget_mb(self._executor, checked or self._shapes())
 
     def latency_table(self) -> list[tuple[float, float]]:
         """(budget MB, predicted latency ms) per precomputed budget level, increasing budget."""
@@ -204,7 +218,7 @@ class Engine:
             executor_stats=executor.executor_stats() if executor is not None else ExecutorStats())
 
     def stats(self) -> dict[str, Any]:
-        """The statistics as the dict DESIGN.md documents (diagnostics, JSON reports)."""
+        """The statistics as the dict docs/engine.md lists (diagnostics, JSON reports)."""
         return self.engine_stats().as_dict()
 
     def close(self) -> None:

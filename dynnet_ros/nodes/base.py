@@ -24,6 +24,8 @@ from dynnet_ros.nodes.stop_signal import StopRequested, StopSignal
 
 #: how long a callback still running at a stop signal (a model load, a re-plan) may take to finish
 CALLBACK_GRACE_S = 1.0
+#: the spin loop also checks for a stop request this often
+STOP_POLL_S = 0.5
 
 _TYPES = {
     bool: ParameterType.PARAMETER_BOOL,
@@ -70,6 +72,16 @@ class ParamSpec:
         desc.additional_constraints = "; ".join(constraints)
         return desc
 
+    def check_file_value(self, value: Any) -> str | None:
+        """Reason a value from a parameter file is unacceptable, or None: the type as rclpy
+        enforces it when the node declares the parameter (an integer is not a double), then
+        ``validate``."""
+        expected = {bool: "a bool", int: "an integer", float: "a double (write 2.0, not 2)", str: "a string",
+                    "double_array": "a list of doubles", "string_array": "a list of strings"}[self.type_key]
+        if not _has_ros_type(value, self.type_key):
+            return f"{self.name} must be {expected}, got {value!r}"
+        return self.validate(list(value) if isinstance(value, (list, tuple)) else value)
+
     def validate(self, value: Any) -> str | None:
         """Reason the value is unacceptable, or None."""
         if self.type_key in (int, float) and not isinstance(value, bool):
@@ -82,6 +94,18 @@ class ParamSpec:
         if self.check is not None:
             return self.check(value)
         return None
+
+
+def _has_ros_type(value: Any, type_key: Any) -> bool:
+    """Whether a YAML value has the ROS parameter type rclpy would accept for ``type_key``."""
+    if type_key is bool:
+        return isinstance(value, bool)
+    if type_key in (int, float):
+        return isinstance(value, type_key) and not isinstance(value, bool)
+    if type_key is str:
+        return isinstance(value, str)
+    item = float if type_key == "double_array" else str
+    return isinstance(value, (list, tuple)) and all(isinstance(v, item) and not isinstance(v, bool) for v in value)
 
 
 def declare(node: Node, specs: Iterable[ParamSpec]) -> dict[str, Any]:
@@ -131,7 +155,8 @@ def run_node(factory: Callable[[], Node], args: list[str] | None = None) -> int:
                     # does not stall the sensor callbacks that ModelNode puts in their own group
                     executor = MultiThreadedExecutor(num_threads=2)
                     executor.add_node(node)
-                    executor.spin_until_future_complete(stop.future)
+                    while not stop.requested:  # the future wakes it at once; the poll is a fallback
+                        executor.spin_until_future_complete(stop.future, timeout_sec=STOP_POLL_S)
                     executor.shutdown(timeout_sec=0, wait_for_threads=False)  # idle workers end
                 finally:
                     close = getattr(node, "close", None)

@@ -54,6 +54,10 @@ MANAGER_SPECS = [
     ParamSpec("profile_timeout_s", 5.0, "A model node silent on /dynnet/model_profiles this long gets no budget.",
               low=0.1, high=3600.0),
     ParamSpec("count_gpu_shared", True, "Jetson: count NvMapMemUsed (GPU memory) as held by the DNNs."),
+    ParamSpec("memory_root", "/", "Directory whose proc/meminfo and cgroup files are read for available memory "
+              "(a host's /proc mounted elsewhere, or a prepared tree); '/' = this machine, through psutil.",
+              check=lambda v: None if v.startswith("/") else
+              f"memory_root must be an absolute path, got {v!r}"),
     ParamSpec("node_names", ["lane_node", "pedestrian_node", "depth_node"], "Model nodes with configured "
               "priority/min/max; model nodes not listed that publish profiles get priority 1.",
               kind="string_array"),
@@ -97,9 +101,10 @@ class BudgetController:
         self.params = declare(node, MANAGER_SPECS)
         # bad startup values raise here (run_node prints the reason and exits 1)
         self.planner = BudgetPlanner(config_from_params(self.params, node.get_namespace()))
-        self.source = source or MemorySource()
+        self.source = source or MemorySource(self.params["memory_root"])
         self._clients: dict[str, AsyncParameterClient] = {}
         self._logged_push: dict[str, tuple[float | None, float]] = {}  # last change logged at INFO
+        self._logged_starved: tuple[str, ...] = ()
         self.last: Evaluation | None = None
         self.last_reading: MemoryReading | None = None
         self.bad_profiles = 0
@@ -134,6 +139,8 @@ class BudgetController:
             return SetParametersResult(successful=False, reason=str(exc))
         self.params = merged
         self.planner.set_config(config)
+        if "memory_root" in updates:
+            self.source = MemorySource(merged["memory_root"])
         if "monitor_hz" in updates:
             self._timer.timer_period_ns = int(1e9 / merged["monitor_hz"])
         return SetParametersResult(successful=True)
@@ -162,12 +169,26 @@ class BudgetController:
             return
         evaluation = self.planner.evaluate(reading, now, reason)
         self.last = evaluation
+        self._log_starved(evaluation)
         for name, mb in evaluation.pushes.items():
             if self.params["allocate"]:
                 self._push(name, mb, now)
             else:
                 self.planner.push_dropped(name)
         self.pub.publish(String(data=evaluation.report.to_json()))
+
+    def _log_starved(self, evaluation: Evaluation) -> None:
+        """ERROR once per change of the starved set: a node the pool cannot cover runs at its
+        minimum on memory the pool does not have, which nobody should learn from a budget alone."""
+        starved = evaluation.allocation.starved
+        if starved and starved != self._logged_starved:
+            r = evaluation.report
+            need = sum(nb.min_mb for nb in r.nodes.values())
+            names = ", ".join(f"{n} (priority {r.nodes[n].priority:g}, min {r.nodes[n].min_mb:.1f} MB)"
+                              for n in starved)
+            self.node.get_logger().error(f"DNN pool {r.total_mb:.1f} MB < sum of minimums {need:.1f} MB: "
+                                         f"starved {names}; they run at their minimum, over the pool")
+        self._logged_starved = starved
 
     def _push(self, name: str, mb: float, now: float) -> None:
         client = self._clients.get(name)
@@ -215,6 +236,7 @@ class BudgetController:
             "infeasible": r.infeasible, "last_reason": r.reason, "model_nodes": len(r.nodes),
             "bad_profiles": self.bad_profiles, "last_bad_profile": self._last_profile_error or "",
             "allocate": self.params["allocate"],
+            "starved": ",".join(r.starved), "waiting_for_first_frame": ",".join(r.waiting),
         }
         if self.last_reading is not None:
             values["memory_candidates"] = self.last_reading.details.get("candidates", {})
@@ -229,7 +251,8 @@ class BudgetController:
                 values[f"{key}.last_error"] = nb.last_error
         if r.infeasible:
             need = sum(nb.min_mb for nb in r.nodes.values())
-            level, message = diag.ERROR, f"DNN pool {r.total_mb:.0f} MB < sum of minimums {need:.0f} MB"
+            level, message = diag.ERROR, (f"DNN pool {r.total_mb:.0f} MB < sum of minimums {need:.0f} MB; "
+                                          f"starved: {', '.join(r.starved)}")
         elif r.pressure:
             level, message = diag.WARN, f"memory pressure: {r.total_mb:.0f} MB shared, some models swap"
         elif not r.nodes:

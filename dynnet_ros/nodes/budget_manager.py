@@ -17,7 +17,7 @@ from rclpy.node import Node
 from dynnet_ros.budget.monitors import snapshot
 from dynnet_ros.nodes import diagnostics as diag
 from dynnet_ros.nodes.base import ParamSpec, declare, run_node
-from dynnet_ros.nodes.budget_control import BudgetController
+from dynnet_ros.nodes.budget_control import MANAGER_SPECS, BudgetController
 from dynnet_ros.units import MB
 
 SPECS = [
@@ -25,6 +25,10 @@ SPECS = [
     ParamSpec("warn_available_fraction", 0.1, "WARN when less than this fraction of memory (system or cgroup) "
               "is available.", low=0.0, high=1.0),
 ]
+
+#: every parameter budget_manager declares, its budget controller's included (also what `dynnet up`
+#: and the launch file check)
+PARAMETERS = SPECS + MANAGER_SPECS
 
 
 class BudgetManager(Node):

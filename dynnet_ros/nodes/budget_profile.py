@@ -5,6 +5,7 @@ docs/budget.md for the message schema).
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import replace
 from functools import lru_cache
@@ -67,23 +68,54 @@ class ProfilePublisher:
     ``baseline`` is the process memory measured just before the model loaded, so ``held_mb`` =
     RSS growth since then, the same quantity the node's budget bounds (and ``anon_held_mb``
     its anonymous part, which the manager's pool accounting uses). ``frame_mb`` is what the
-    node holds per frame outside its engine; the published levels include it.
+    node holds per frame outside its engine; the published levels include it. ``size`` is the
+    model-input size class ("HxW") the engine last ran (None before its first frame): the
+    profile keeps a minimum per class (``ProfileHold``), and stays ``measured: false`` (no
+    budget from the manager) until the node's announced minimums are known (``announce``).
+    ``publish`` runs on the node's timer and, on a size class the hold has not seen, from the
+    worker right away.
     """
 
     def __init__(self, node: Node, engine: Callable[[], Any], budget_mb: Callable[[], float | None],
                  baseline: ProcessMemory, period_s: float = 1.0,
                  latency_ms: Callable[[], float | None] | None = None,
-                 frame_mb: Callable[[], float] | None = None) -> None:
+                 frame_mb: Callable[[], float] | None = None,
+                 size: Callable[[], str | None] | None = None) -> None:
         self._node, self._engine, self._budget = node, engine, budget_mb
         self._latency = latency_ms
         self._frame_mb = frame_mb or (lambda: 0.0)
+        self._size = size or (lambda: None)
+        self._lock = threading.Lock()   # the timer, the worker and the announcer publish
+        self._announced: tuple[int, dict[str, float]] | None = None   # (engine id, minimum per size class)
+        self._closed = False
         self.baseline = baseline
         self.hold = ProfileHold()   # bounds of the largest input size seen lately (no flapping)
         self._engine_id: int | None = None
         self._pub = node.create_publisher(String, PROFILES_TOPIC, 10)
         node.create_timer(period_s, self.publish)
 
+    def announce(self, engine: Any, minimums: dict[str, float]) -> None:
+        """Minimums per size class of ``engine`` known before such frames arrive (the node's
+        ``camera_sizes``); published from then on, each at least what was measured."""
+        with self._lock:
+            self._announced = (id(engine), dict(minimums))
+
+    def knows(self, size: str) -> bool:
+        """Whether the published profile already holds a minimum for input size class ``size``."""
+        return size in self.hold.sizes()
+
     def publish(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._publish()
+
+    def close(self) -> None:
+        """No publishing from now on (waits for one in flight): the node is about to be destroyed,
+        and the worker or the announcing thread may still try."""
+        with self._lock:
+            self._closed = True
+
+    def _publish(self) -> None:
         try:
             engine = self._engine()
             now = process_memory()
@@ -98,7 +130,10 @@ class ProfilePublisher:
             if id(engine) != self._engine_id:  # a new model: its old input sizes say nothing
                 self._engine_id = id(engine)
                 self.hold.reset()
-            profile = self.hold.update(profile, time.monotonic())
+            announced = self._announced[1] if self._announced and self._announced[0] == id(engine) else None
+            profile = self.hold.update(profile, time.monotonic(), self._size(), announced)
+            if announced is None:  # a budget now could miss the size classes about to be announced
+                profile = replace(profile, measured=False)
             self._pub.publish(String(data=profile.to_json()))
         except Exception as exc:  # noqa: BLE001 — a profile is advisory; never take the node down
             if self._node.context.ok():

@@ -20,7 +20,7 @@ from dynnet_ros.nodes.base import ParamSpec, run_node
 from dynnet_ros.nodes.convert import array_to_image, cloud_to_xyzi
 from dynnet_ros.nodes.frame_memory import InputBuffer, to_source_lean
 from dynnet_ros.nodes.geometry import Letterbox, extrinsic_matrix, project_depth, transform_points
-from dynnet_ros.nodes.model_node import OUTPUT_QOS, FrameInfo, ModelInterface, ModelNode
+from dynnet_ros.nodes.model_node import OUTPUT_QOS, FrameInfo, ModelInterface, ModelNode, common_specs
 from dynnet_ros.nodes.scene import lidar_to_camera_xyzrpy
 
 
@@ -32,6 +32,20 @@ def _check_extrinsic(values: list[float]) -> str | None:
     return None
 
 
+TASK_PARAMETERS = [
+    ParamSpec("depth_scale", 1.0, "Multiplier from model output to metres.", low=1e-3, high=1e3),
+    ParamSpec("max_depth_m", 100.0, "Output depths are clipped to [0, max_depth_m].", low=0.1, high=1e4),
+    ParamSpec("lidar_to_camera", lidar_to_camera_xyzrpy(),
+              "Transform mapping LiDAR points into the camera frame: [x, y, z, roll, pitch, yaw] "
+              "(m, rad; R = Rz(yaw) Ry(pitch) Rx(roll)) or 16 values of a row-major 4x4. "
+              "Default: the sensor simulator's mount.", kind="double_array", check=_check_extrinsic),
+    ParamSpec("lidar_max_age_s", 0.5, "Ignore clouds older than this relative to the image stamp.",
+              low=0.0, high=60.0),
+]
+#: every parameter depth_node declares (also what `dynnet up` and the launch file check)
+PARAMETERS = common_specs("depth") + TASK_PARAMETERS
+
+
 class DepthNode(ModelNode):
     task = "depth"
     extra_input_channels = 1  # the LiDAR depth channel
@@ -40,16 +54,7 @@ class DepthNode(ModelNode):
 
     def __init__(self) -> None:
         self._lidar_buffer = InputBuffer(1)
-        super().__init__("depth_node", [
-            ParamSpec("depth_scale", 1.0, "Multiplier from model output to metres.", low=1e-3, high=1e3),
-            ParamSpec("max_depth_m", 100.0, "Output depths are clipped to [0, max_depth_m].", low=0.1, high=1e4),
-            ParamSpec("lidar_to_camera", lidar_to_camera_xyzrpy(),
-                      "Transform mapping LiDAR points into the camera frame: [x, y, z, roll, pitch, yaw] "
-                      "(m, rad; R = Rz(yaw) Ry(pitch) Rx(roll)) or 16 values of a row-major 4x4. "
-                      "Default: the sensor simulator's mount.", kind="double_array", check=_check_extrinsic),
-            ParamSpec("lidar_max_age_s", 0.5, "Ignore clouds older than this relative to the image stamp.",
-                      low=0.0, high=60.0),
-        ])
+        super().__init__("depth_node", TASK_PARAMETERS)
         self._cloud_lock = threading.Lock()
         self._cloud: tuple[Time, np.ndarray] | None = None
         self._lidar_in_view = 0

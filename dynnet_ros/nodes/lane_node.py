@@ -14,7 +14,13 @@ from dynnet_ros.nodes.base import ParamSpec, run_node
 from dynnet_ros.nodes.convert import array_to_image
 from dynnet_ros.nodes.frame_memory import to_source_lean
 from dynnet_ros.nodes.geometry import Letterbox
-from dynnet_ros.nodes.model_node import OUTPUT_QOS, FrameInfo, ModelInterface, ModelNode
+from dynnet_ros.nodes.model_node import OUTPUT_QOS, FrameInfo, ModelInterface, ModelNode, common_specs
+
+TASK_PARAMETERS = [
+    ParamSpec("lane_threshold", 0.5, "Lane probability at or above which a pixel is marked 255.", low=0.0, high=1.0),
+]
+#: every parameter lane_node declares (also what `dynnet up` and the launch file check a config against)
+PARAMETERS = common_specs("lane") + TASK_PARAMETERS
 
 
 class LaneNode(ModelNode):
@@ -24,10 +30,7 @@ class LaneNode(ModelNode):
     scaled_output_bytes_per_pixel = 4.0
 
     def __init__(self) -> None:
-        super().__init__("lane_node", [
-            ParamSpec("lane_threshold", 0.5, "Lane probability at or above which a pixel is marked 255.",
-                      low=0.0, high=1.0),
-        ])
+        super().__init__("lane_node", TASK_PARAMETERS)
         self.mask_pub = self.create_publisher(Image, "lane/mask", OUTPUT_QOS)
         self._lane_fraction = 0.0
 

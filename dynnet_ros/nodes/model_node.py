@@ -29,6 +29,7 @@ from rclpy.node import Node
 from rclpy.qos import QoSHistoryPolicy, QoSProfile, qos_profile_sensor_data
 from sensor_msgs.msg import CameraInfo, Image
 
+from dynnet_ros.budget.protocol import size_key
 from dynnet_ros.engine import Engine
 from dynnet_ros.engine.backends import available_backends
 from dynnet_ros.engine.memtrim import release_memory
@@ -41,11 +42,14 @@ from dynnet_ros.nodes.budget_profile import ProfilePublisher, memory_now, prewar
 from dynnet_ros.nodes.convert import image_to_array
 from dynnet_ros.nodes.frame_memory import FrameBytes, InputBuffer, frame_bytes
 from dynnet_ros.nodes.geometry import Letterbox, plan_letterbox, validate_intrinsics
+from dynnet_ros.nodes.sensor_sim import parse_resolution
 from dynnet_ros.nodes.stats import FrameStats
-from dynnet_ros.units import from_mb, to_mb
+from dynnet_ros.units import to_mb
 from dynnet_ros.zoo import ensure_model
 
 ENGINE_PARAMS = ("model_path", "backend", "threads")
+#: parameters whose change re-computes the minimums the node announces per input size class
+ANNOUNCE_PARAMS = ("camera_sizes", "max_input_side")
 # Outputs: reliable (so RViz / `ros2 topic echo` defaults receive them, and best-effort
 # subscribers too), keep-last 2 so a slow subscriber never builds a queue.
 OUTPUT_QOS = QoSProfile(depth=2)
@@ -96,6 +100,15 @@ def _backend_check(value: str) -> str | None:
     return None
 
 
+def _check_camera_sizes(values: list[str]) -> str | None:
+    try:
+        for text in values:
+            parse_resolution(text)
+    except ValueError as exc:
+        return f"camera_sizes: {exc}"
+    return None
+
+
 def common_specs(task: str) -> list[ParamSpec]:
     return [
         ParamSpec("model_path", "", f"ONNX model file; empty = the zoo's '{task}' model (built on first use). "
@@ -109,6 +122,10 @@ def common_specs(task: str) -> list[ParamSpec]:
         ParamSpec("enabled", True, "Process frames; false stops inference and output (diagnostics continue)."),
         ParamSpec("max_input_side", 640, "Downscale camera frames whose longer side exceeds this before "
                   "padding to multiples of 32 (0 = never downscale).", low=0, high=8192),
+        ParamSpec("camera_sizes", ["320x240", "640x480", "1280x720"], "Camera resolutions (WIDTHxHEIGHT) "
+                  "whose minimum budgets the node announces to the budget manager before such a frame "
+                  "arrives; sizes not listed are announced once seen.", kind="string_array",
+                  check=_check_camera_sizes),
     ]
 
 
@@ -172,7 +189,8 @@ class ModelNode(Node):
         # latency-vs-budget profile for the budget manager (docs/budget.md)
         self.budget_profile = ProfilePublisher(self, lambda: self.engine,
                                                lambda: self.params["memory_budget_mb"] or None, rss_before_model,
-                                               frame_mb=lambda: self.frame.total_mb)
+                                               frame_mb=lambda: self.frame.total_mb, size=self._size_class)
+        self._announce_sizes(self.engine, self.params)
         self._worker = threading.Thread(target=self._work, name=f"{node_name}-worker", daemon=True)
         self._worker.start()
         self.get_logger().info(f"{self.task} model {self.engine.model_path} on {self.params['backend']}; "
@@ -224,7 +242,6 @@ class ModelNode(Node):
                 f"node's {self.frame.total_mb:.1f} MB of frame buffers, below its minimum "
                 f"{engine.min_budget_mb():.1f} MB; running the model at {budget:g} MB")
         self._engine_budget_mb = budget
-        self._frame_mb_at_load = self.frame.total_mb  # already in the new engine's baseline
         return engine
 
     def _engine_budget(self, node_mb: float) -> float | None:
@@ -260,9 +277,6 @@ class ModelNode(Node):
             if key != self._frame_key:
                 self._frame_key = key
                 self.frame = self.frame_bytes(message_bytes, letterbox)
-                # frame buffers grown since the engine was created are in its measured RSS growth
-                # too; they are charged here, so the engine leaves them out
-                self.engine.set_external_bytes(from_mb(self.frame.total_mb - self._frame_mb_at_load))
             node_mb = self.params["memory_budget_mb"]
             target = self._engine_budget(node_mb)
             self._last_refused, refused = None, self._last_refused
@@ -315,15 +329,18 @@ class ModelNode(Node):
         new_engine = None
         try:
             self.validate_task_params(merged, updates)
-            if any(name in updates and updates[name] != self.params[name] for name in ENGINE_PARAMS):
+            changed = {name for name in updates if updates[name] != self.params.get(name)}
+            if changed & set(ENGINE_PARAMS):
                 new_engine = self._load_engine(merged)  # built inside the new budget directly
             elif "memory_budget_mb" in updates and updates["memory_budget_mb"] != self.params["memory_budget_mb"]:
                 with self._budget_lock:  # lands between two frames
+                    share = self._engine_budget(merged["memory_budget_mb"])
                     try:
-                        self._apply_budget(self.engine, self._engine_budget(merged["memory_budget_mb"]))
-                    except ValueError as exc:
-                        raise ValueError(f"{exc} (memory_budget_mb {merged['memory_budget_mb']:g} minus this node's "
-                                         f"{self.frame.total_mb:.1f} MB of frame buffers)") from exc
+                        self._apply_budget(self.engine, share)
+                    except ValueError as exc:  # quote the value set first; the engine's share follows from it
+                        raise ValueError(f"memory_budget_mb {merged['memory_budget_mb']:g} leaves the model "
+                                         f"{round(share or 0.0, 3):g} MB after this node's {self.frame.total_mb:.1f} "
+                                         f"MB of frame buffers: {exc}") from exc
                     with self._engine_lock:
                         self.params = {**self.params, "memory_budget_mb": merged["memory_budget_mb"]}
         except ValueError as exc:
@@ -339,6 +356,8 @@ class ModelNode(Node):
             old.close()  # load new -> swap -> close old: two engines only while switching
             release_memory()
             self.get_logger().info(f"switched to model {new_engine.model_path} ({merged['backend']})")
+        if new_engine is not None or changed & set(ANNOUNCE_PARAMS):
+            self._announce_sizes(self.engine, merged)
         return SetParametersResult(successful=True)
 
     def validate_task_params(self, merged: dict[str, Any], updates: dict[str, Any]) -> None:
@@ -417,9 +436,61 @@ class ModelNode(Node):
         self.stats.record((time.perf_counter() - start) * 1e3)
         self._last_input_shape = [1, 3, letterbox.pad_h, letterbox.pad_w]
         self._last_camera = (frame.width, frame.height)
+        if not self.budget_profile.knows(size_key(letterbox.pad_h, letterbox.pad_w)):
+            self.budget_profile.publish()  # a new size class: its minimum goes to the manager now
         if self._last_error is not None:
             self._last_error = None
             self.publish_diagnostics()
+
+    def input_shapes(self, engine: Engine, letterbox: Letterbox) -> dict[str, tuple[int, ...]]:
+        """The shapes of the image-sized (rank-4) inputs this node feeds ``engine`` for ``letterbox``."""
+        shapes: dict[str, tuple[int, ...]] = {}
+        for spec in engine.inputs:
+            if spec.rank == 4:
+                batch, channels = (d if isinstance(d, int) else 1 for d in spec.dims[:2])
+                shapes[spec.name] = (batch, channels, letterbox.pad_h, letterbox.pad_w)
+        return shapes
+
+    def announced_minimums(self, engine: Engine, params: dict[str, Any]) -> dict[str, float]:
+        """The node's minimum budget per input size class for the cameras in ``camera_sizes``:
+        the engine's minimum at that input size plus this node's frame buffers for it, with
+        camera messages at the largest of those sizes (messages are charged at the largest size
+        seen lately, ``MESSAGE_HOLD_S``). A class the engine cannot size is left to be measured."""
+        cameras = [parse_resolution(text) for text in params["camera_sizes"]]
+        message_bytes = max((w * h * 3 for w, h in cameras), default=0)
+        out: dict[str, float] = {}
+        for width, height in cameras:
+            box = plan_letterbox(height, width, multiple=self.input_multiple, max_side=int(params["max_input_side"]))
+            try:
+                engine_mb = engine.min_budget_mb(self.input_shapes(engine, box))
+            except ValueError as exc:
+                self.get_logger().info(f"no announced minimum for {width}x{height} frames: {exc}")
+                continue
+            mb = engine_mb + self.frame_bytes(message_bytes, box).total_mb
+            key = size_key(box.pad_h, box.pad_w)
+            out[key] = max(mb, out.get(key, 0.0))
+        return out
+
+    def _announce_sizes(self, engine: Engine, params: dict[str, Any]) -> None:
+        """Compute ``announced_minimums`` beside the node (an engine may measure a size class in a
+        child process) and publish them as soon as they are known."""
+        def work() -> None:
+            try:
+                minimums = self.announced_minimums(engine, params)
+            except Exception as exc:  # noqa: BLE001 — announcing is advisory; measured sizes still count
+                if self.context.ok():
+                    self.get_logger().warning(f"size-class minimums not announced: {exc}")
+                minimums = {}
+            self.budget_profile.announce(engine, minimums)
+            if self.context.ok():
+                self.budget_profile.publish()
+
+        threading.Thread(target=work, name=f"{self.get_name()}-announce", daemon=True).start()
+
+    def _size_class(self) -> str | None:
+        """The model-input size class the engine last ran ("HxW"; None before the first frame)."""
+        shape = self._last_input_shape
+        return None if shape is None else size_key(shape[2], shape[3])
 
     # ------------------------------------------------------------------ diagnostics
     def report_error(self, message: str) -> None:
@@ -483,6 +554,7 @@ class ModelNode(Node):
                 raise
 
     def close(self) -> None:
+        self.budget_profile.close()
         self._stop.set()
         self._wake.set()
         self._worker.join(timeout=5.0)

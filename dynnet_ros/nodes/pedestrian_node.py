@@ -19,7 +19,7 @@ from visualization_msgs.msg import Marker, MarkerArray
 from dynnet_ros.engine import Engine
 from dynnet_ros.nodes.base import ParamSpec, run_node
 from dynnet_ros.nodes.geometry import Letterbox
-from dynnet_ros.nodes.model_node import OUTPUT_QOS, FrameInfo, ModelInterface, ModelNode
+from dynnet_ros.nodes.model_node import OUTPUT_QOS, FrameInfo, ModelInterface, ModelNode, common_specs
 from dynnet_ros.nodes.scene import camera_matrix
 
 try:  # optional: not on PyPI as a wheel; present on robots with a system ROS 2
@@ -33,17 +33,21 @@ LABEL_NS = "pedestrian_scores"
 REQUIRED_INPUTS = {"image", "score_threshold", "iou_threshold", "max_detections"}
 
 
+TASK_PARAMETERS = [
+    ParamSpec("score_threshold", 0.3, "Minimum detection score.", low=0.0, high=1.0),
+    ParamSpec("nms_iou", 0.45, "IoU above which NonMaxSuppression suppresses the weaker box.", low=0.0, high=1.0),
+    ParamSpec("max_detections", 50, "Most detections kept per frame.", low=1, high=1000),
+]
+#: every parameter pedestrian_node declares (also what `dynnet up` and the launch file check)
+PARAMETERS = common_specs("pedestrian") + TASK_PARAMETERS
+
+
 class PedestrianNode(ModelNode):
     task = "pedestrian"
     pad_value = 0.5
 
     def __init__(self) -> None:
-        super().__init__("pedestrian_node", [
-            ParamSpec("score_threshold", 0.3, "Minimum detection score.", low=0.0, high=1.0),
-            ParamSpec("nms_iou", 0.45, "IoU above which NonMaxSuppression suppresses the weaker box.",
-                      low=0.0, high=1.0),
-            ParamSpec("max_detections", 50, "Most detections kept per frame.", low=1, high=1000),
-        ])
+        super().__init__("pedestrian_node", TASK_PARAMETERS)
         self.marker_pub = self.create_publisher(MarkerArray, "pedestrian/markers", OUTPUT_QOS)
         self.detection_pub = None
         if HAVE_VISION_MSGS:

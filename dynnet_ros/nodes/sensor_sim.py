@@ -66,6 +66,10 @@ SPECS = [
 ]
 
 
+#: every parameter sensor_sim declares (also what `dynnet up` and the launch file check)
+PARAMETERS = SPECS
+
+
 class SensorSim(Node):
     def __init__(self) -> None:
         super().__init__("sensor_sim")

@@ -9,19 +9,25 @@ executor spinning on it returns and the node shuts down in order while its conte
 
 The signal reaches a watcher thread through ``signal.set_wakeup_fd`` (written by the C-level
 handler at once), because the Python-level handler runs only when the main thread returns to
-bytecode, which it does not while blocked in the executor's wait.
+bytecode, which it does not while blocked in the executor's wait. The watcher also arms a
+deadline (faulthandler's watchdog, which runs without the GIL): a shutdown that hangs anyway
+prints where every thread is and exits instead of waiting for SIGKILL.
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 from rclpy.task import Future
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: a shutdown still under way this long after the first signal is a hang: every thread's stack goes
+#: to stderr and the process exits with status 1 (below launch's 5 s before it escalates to SIGTERM)
+SHUTDOWN_DEADLINE_S = 4.0
 
 
 class StopRequested(BaseException):
@@ -37,7 +43,7 @@ class StopSignal:
         self._starting = False
         self._read_fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         os.set_blocking(self._read_fd, True)
-        self._old_handlers: dict[int, object] = {}
+        self._old_handlers: dict[int, Any] = {}  # what signal.signal returned
         self._old_wakeup_fd = -1
         self._watcher = threading.Thread(target=self._watch, name="stop-signal", daemon=True)
 
@@ -58,6 +64,7 @@ class StopSignal:
 
     @property
     def requested(self) -> bool:
+        """Set by whichever path saw the signal first; spin loops poll it as a second path."""
         return self.signum is not None
 
     @contextmanager
@@ -74,8 +81,7 @@ class StopSignal:
     def _handle(self, signum: int, _frame) -> None:
         """Python-level handler (main thread, between bytecodes): it must not take locks the main
         thread may hold at that moment (the future's), so the watcher completes the future."""
-        if self.signum is None:
-            self.signum = signum
+        self._note(signum)
         if self._starting:
             self._starting = False  # one raise per build, even if more signals follow
             raise StopRequested()
@@ -89,8 +95,12 @@ class StopSignal:
             if not data:
                 return
             for signum in data:
-                if signum in SIGNALS:
-                    if self.signum is None:
-                        self.signum = signum
-                    if not self.future.done():
-                        self.future.set_result(signum)
+                if signum in SIGNALS and not self.future.done():
+                    self._note(signum)
+                    self.future.set_result(signum)
+
+    def _note(self, signum: int) -> None:
+        """Record the first signal and arm the shutdown deadline (both paths call this)."""
+        if self.signum is None:
+            self.signum = signum
+            faulthandler.dump_traceback_later(SHUTDOWN_DEADLINE_S, exit=True)

@@ -6,8 +6,11 @@ the policy sees the model through ``BudgetModel`` and the executor it is handed,
 * cpu backend: the StreamedExecutor (swap/streamed.py), the planned engine with its weights
   streamed through a window the budget sizes. It is built on the first budget (at construction
   for ``Engine(swappable=True)``) and kept from then on, ``None`` included: later budget changes
-  only resize the window. It closes the executor it replaces *first*, so the footprint it
-  measures is one engine's, not two side by side.
+  only resize the window.
+* A budget is judged against the engine's own footprint at the input shapes (resident weights +
+  what the engine holds besides them, measured once per model and shapes in a clean child
+  process: swap/calibration.py), never against the process's RSS: the minimum is the same in
+  every process and ``min_budget_mb`` is exactly the smallest budget accepted.
 * other backends: no budget (``None``) only; a budget is refused with the reason.
 * a budget below the model's minimum -> ValueError with the reason; the budget in force stays.
 """
@@ -22,17 +25,18 @@ import onnx
 
 from dynnet_ros.engine.backends.base import Executor
 from dynnet_ros.engine.memtrim import release_memory
-from dynnet_ros.swap.streamed import StreamedExecutor, predict_latency_ms, prepare_weight_file, split_bytes_for
+from dynnet_ros.swap.calibration import Calibration, load_or_measure, shapes_key
+from dynnet_ros.swap.streamed import StreamedExecutor, predict_latency_ms, prepare_weight_file
 from dynnet_ros.swap.weight_file import StoreError, WeightFile
 from dynnet_ros.units import MB
 
 LOG = logging.getLogger(__name__)
-#: onnxruntime's per-process environment, for the estimates made before anything was measured.
+#: onnxruntime's per-process environment, for the estimates of backends that cannot stream
 ESTIMATED_BASE_BYTES = 10 * MB
-#: The planned engine's footprint beyond its weights and main arena: onnxruntime's environment,
-#: segment sessions, kernel code touched while running, If-branch arenas (docs/swap.md).
+#: The planned engine's footprint beyond its weights and main arena, for the estimate used where
+#: the weights cannot be streamed (and so nothing is calibrated)
 PLANNED_BASE_BYTES = 30 * MB
-#: Input dims a budget refers to before the engine has run (the zoo's camera size).
+#: Input dims a budget refers to before the engine has run or been told its input size.
 REFERENCE_DIMS = {"H": 480, "W": 640, "height": 480, "width": 640}
 
 Shapes = Mapping[str, tuple[int, ...]]
@@ -48,8 +52,6 @@ class BudgetModel:
     threads: int | None
     layout: str                             # "nchwc" where it applies, or "as-given" (see streamed.py)
     weight_bytes: int
-    baseline_rss: int                       # RSS before the model loaded: budgets bound the growth since
-    external_bytes: Callable[[], int]       # bytes the caller allocated since and charges to itself
     create_executor: Callable[[], Executor]  # the backend's in-memory executor
 
 
@@ -97,18 +99,46 @@ class SwapControl:
     def __init__(self, model: BudgetModel) -> None:
         self.model = model
         self.streamed: StreamedExecutor | None = None
-        self._inmemory: int | None = None
+        self._inmemory_estimate: int | None = None
         #: measured in-memory latency (ms, smoothed) per input signature
         self._inmemory_ms: dict[Signature | None, float] = {}
         self._inmemory_seen: set[Signature | None] = set()
         self._weights: WeightFile | None = None  # the verified weight file, once a budget asked for streaming
+        self._weights_error: str | None = None   # why the weights cannot be streamed
         self._rebuilt_reason: str | None = None
+        self._calibrations: dict[str, Calibration] = {}
+
+    # ------------------------------------------------------------------ the engine's own footprint
+    def _weight_file(self) -> WeightFile:
+        """The verified weight file (built on first use); ValueError when the weights cannot be streamed."""
+        if self._weights is None:
+            if self._weights_error is not None:
+                raise ValueError(self._weights_error)
+            try:
+                self._weights, self._rebuilt_reason = prepare_weight_file(self.model.proto, self.model.layout)
+            except (ValueError, OSError, StoreError) as exc:
+                self._weights_error = f"weights cannot be streamed: {exc}"
+                raise ValueError(self._weights_error) from exc
+            if self._rebuilt_reason:
+                LOG.warning("weight file rebuilt: %s", self._rebuilt_reason)
+        return self._weights
+
+    def calibration(self, shapes: Shapes | None) -> Calibration:
+        """The engine's footprint at ``shapes`` (None: the reference size); ValueError when the
+        weights cannot be streamed or the model does not run at these shapes."""
+        shapes = shapes or reference_shapes(self.model.proto)
+        if self.streamed is not None:
+            return self.streamed.calibration(shapes)
+        key = shapes_key(shapes)
+        if key not in self._calibrations:
+            self._calibrations[key] = load_or_measure(self._weight_file(), self.model.threads, shapes)
+        return self._calibrations[key]
 
     # ------------------------------------------------------------------ policy
     def apply(self, budget_mb: float | None, current: Executor | None, *, in_force_mb: float | None,
               shapes: Shapes | None) -> Executor:
         """The executor for ``budget_mb``; ``current`` is the one running (None: none yet),
-        ``in_force_mb`` its budget and ``shapes`` the last input shapes run.
+        ``in_force_mb`` its budget and ``shapes`` the input shapes budgets refer to.
 
         Raises ValueError before anything changes when the budget cannot be met, or
         BudgetRefused when it found that out after ``current`` was closed."""
@@ -123,40 +153,36 @@ class SwapControl:
             return current if current is not None else self.model.create_executor()
         if budget is None and current is not None:
             return current
-        return self._start_streaming(budget, current, in_force_mb, shapes)
+        return self._start_streaming(budget, current, in_force_mb, shapes or reference_shapes(self.model.proto))
 
     def _start_streaming(self, budget: int | None, current: Executor | None, in_force_mb: float | None,
-                         shapes: Shapes | None) -> Executor:
+                         shapes: Shapes) -> Executor:
         """The streamed executor at ``budget``, replacing ``current`` (None: the engine's first
         executor, which then streams with every weight resident)."""
-        if self._weights is None:  # before anything is closed: the weight file (verified once)
-            try:
-                self._weights, self._rebuilt_reason = prepare_weight_file(self.model.proto, self.model.layout)
-            except (ValueError, OSError, StoreError) as exc:
-                if budget is None:  # a swappable engine without a budget: run in memory
-                    LOG.warning("weights cannot be streamed (%s); running in memory", exc)
-                    return self.model.create_executor()
-                raise ValueError(f"weights cannot be streamed: {exc}") from exc
-            if self._rebuilt_reason:
-                LOG.warning("weight file rebuilt: %s", self._rebuilt_reason)
-        # a working in-memory executor is only given up for a budget that can plausibly be met
-        if current is not None and budget is not None:
-            estimate = self._stream_minimum_estimate(current, shapes)
-            if budget < estimate:
-                raise ValueError(f"memory budget {budget / MB:.1f} MB is below this model's minimum, estimated "
-                                 f"{estimate / MB:.1f} MB (weights of its largest step + the engine without weights)")
+        try:  # before anything is closed: the weight file and the footprint at these shapes
+            weights = self._weight_file()
+            calibration = self.calibration(shapes)
+        except ValueError as exc:
+            if budget is None:  # a swappable engine without a budget: run in memory
+                LOG.warning("%s; running in memory", exc)
+                return current if current is not None else self.model.create_executor()
+            raise
+        if budget is not None and budget < calibration.minimum_bytes():
+            raise ValueError(f"memory budget {round(budget / MB, 3):g} MB is below this model's minimum "
+                             f"{calibration.minimum_bytes() / MB:.1f} MB at input {shapes_key(shapes)} "
+                             f"(engine without weights {calibration.footprint / MB:.1f} MB + "
+                             f"{calibration.min_stream_bytes / MB:.1f} MB of weights one step needs)")
         if current is not None:
             current.close()
         release_memory()
         try:
-            streamed = StreamedExecutor(self.model.proto, threads=self.model.threads, weights=self._weights,
-                                        rebuilt_reason=self._rebuilt_reason, baseline_rss=self.model.baseline_rss,
-                                        external_bytes=self.model.external_bytes)
+            streamed = StreamedExecutor(threads=self.model.threads, weights=weights,
+                                        rebuilt_reason=self._rebuilt_reason)
+            streamed.calibrate(shapes)
         except (ValueError, OSError) as exc:  # unexpected after the checks above: back to memory
             raise BudgetRefused(f"the streamed executor could not be built: {exc}", self.model.create_executor()) \
                 from exc
         self.streamed = streamed
-        streamed.calibrate(shapes or reference_shapes(self.model.proto))
         try:
             streamed.set_budget(budget)
         except ValueError as exc:
@@ -168,38 +194,29 @@ class SwapControl:
             raise BudgetRefused(str(exc), streamed) from exc
         return streamed
 
-    def _stream_minimum_estimate(self, current: Executor, shapes: Shapes | None) -> int:
-        """Before the streamed executor exists, a lower bound of its minimum: the arena at the
-        input size and the largest weight one step needs (FC weights split to 1/8 of all
-        weights). Budgets below it are refused without a build. onnxruntime's environment is
-        left out: the process may hold it already; the built executor measures what it adds."""
-        sizes = sorted(int(np.prod(t.dims, dtype=np.int64)) * 4 for t in self.model.proto.graph.initializer)
-        split = split_bytes_for(self.model.weight_bytes)
-        step = min(sizes[-1], max(split, sizes[-2] if len(sizes) > 1 else 0)) if sizes else 0
-        return self.inmemory_bytes(current, shapes) - self.model.weight_bytes - PLANNED_BASE_BYTES + step
-
     def inmemory_bytes(self, current: Executor | None, shapes: Shapes | None) -> int:
-        """The in-memory footprint: measured by the streamed executor with every weight resident
-        once it exists, else estimated from the current executor's arena plan."""
-        if self.streamed is not None:
-            return self.streamed.inmemory_bytes()
-        if self._inmemory is None:
+        """The budget at which every weight is resident: from the calibration where the weights
+        stream (cpu), else estimated from the current executor's arena plan."""
+        if self.model.backend == "cpu":
+            try:
+                return self.calibration(shapes).inmemory_bytes()
+            except ValueError:
+                pass  # weights that cannot be streamed: estimated below
+        if self._inmemory_estimate is None:
             arena = None if current is None else current.arena_bytes_at(shapes or reference_shapes(self.model.proto))
-            self._inmemory = inmemory_estimate_bytes(self.model.weight_bytes, arena)
-        return self._inmemory
+            self._inmemory_estimate = inmemory_estimate_bytes(self.model.weight_bytes, arena)
+        return self._inmemory_estimate
 
     # ------------------------------------------------------------------ reporting
     def min_budget_mb(self, current: Executor | None, shapes: Shapes | None) -> float:
-        """The smallest budget this model runs in: the streamed minimum (estimated before the
-        streamed executor exists) or the in-memory footprint, whichever is smaller."""
-        inmemory = self.inmemory_bytes(current, shapes)
-        if self.model.backend != "cpu":
-            return inmemory / MB
-        if self.streamed is not None:
-            minimum = self.streamed.min_budget_bytes()
-        else:
-            minimum = self._stream_minimum_estimate(current, shapes) if current is not None else inmemory
-        return min(minimum, inmemory) / MB
+        """The smallest budget ``apply`` accepts at ``shapes`` (cpu backend; exact, in every
+        process state); elsewhere, where no budget is accepted, the in-memory footprint."""
+        if self.model.backend == "cpu":
+            try:
+                return self.calibration(shapes).minimum_bytes() / MB
+            except ValueError:
+                pass  # weights that cannot be streamed: no budget is accepted
+        return self.inmemory_bytes(current, shapes) / MB
 
     def observe_run(self, latency_ms: float, signature: Signature) -> None:
         """Record a frame's latency; in-memory frames calibrate the table's in-memory level."""
@@ -215,7 +232,6 @@ class SwapControl:
                       last_latency_ms: float | None) -> list[tuple[float, float]]:
         """Predicted latency from the minimum up to the in-memory level: the streamed executor's
         measured compute time and read rate once it ran; before, the in-memory latency."""
-        inmemory = self.inmemory_bytes(current, shapes)
         measured = self._inmemory_ms.get(signature)
         streamed = self.streamed
         if measured is None and streamed is not None:
@@ -224,19 +240,21 @@ class SwapControl:
             measured = last_latency_ms
         if measured is None:
             return []
+        inmemory = self.inmemory_bytes(current, shapes)
         if self.model.backend != "cpu":
             return [(inmemory / MB, measured)]
         if streamed is not None:
-            inmemory = max(inmemory, streamed.lowest_level_bytes())  # a level must stay above the minimum
             rows = [row for row in streamed.latency_table(inmemory, measured) if row[0] < inmemory / MB]
-        elif current is None:
-            rows = []
-        else:
-            rows = []
-            for budget in np.linspace(self._stream_minimum_estimate(current, shapes), inmemory, 8)[:-1]:
-                allowance = budget - (inmemory - self.model.weight_bytes)
-                rows.append((float(budget) / MB,
-                             predict_latency_ms(measured, self.model.weight_bytes, allowance, 0, None)))
+            return rows + [(inmemory / MB, measured)]
+        try:
+            calibration = self.calibration(shapes)
+        except ValueError:
+            return [(inmemory / MB, measured)]
+        rows = []
+        for budget in np.linspace(calibration.minimum_bytes(), inmemory, 8)[:-1]:
+            rows.append((float(budget) / MB, predict_latency_ms(measured, calibration.weight_span,
+                                                                calibration.allowance(int(budget)),
+                                                                calibration.min_stream_bytes, None)))
         return rows + [(inmemory / MB, measured)]
 
     def close(self) -> None:

@@ -15,21 +15,19 @@ How (SwapNet §4-5 on CPU):
 * schedule: swap/residency.py streams tensors in order of use, as far ahead as the budget's
   weight allowance allows, pinning the latest-used ones when there is room to spare.
 
-The budget bounds the process's RSS growth since the engine was created. What is not weights
-(sessions, arena, onnxruntime's runtime) is *measured*: RSS minus resident weights after every
-segment, its maximum over recent frames; the weight allowance is the budget minus that and a
-margin. A budget change is a window resize (no session is rebuilt).
+The budget bounds what this engine holds: its resident weights (counted exactly) plus what
+it holds besides them at the input shapes it runs (arena, sessions, onnxruntime's runtime),
+measured once per model and shapes in a clean child process (swap/calibration.py). The weight
+allowance is the budget minus that and a margin. A budget change is a window resize (no
+session is rebuilt).
 """
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
-from typing import Callable, Mapping
 
 import numpy as np
 import onnx
@@ -37,13 +35,13 @@ import onnxruntime as ort
 from onnx import helper
 
 from dynnet_ros.engine.backends.base import ExecutorStats, WindowStats
-from dynnet_ros.engine.memtrim import release_memory
 from dynnet_ros.engine.plan.executor import PlannedExecutor
 from dynnet_ros.engine.plan.graph import all_graphs
 from dynnet_ros.engine.plan.layout import laid_out_skeleton
 from dynnet_ros.engine.plan.loader import load_skeleton, source_path
 from dynnet_ros.engine.plan.model_check import file_digest
 from dynnet_ros.engine.plan.options import PlannerOptions, plan_profile
+from dynnet_ros.swap.calibration import Calibration, Shapes, load_or_measure, shapes_key
 from dynnet_ros.swap.residency import WeightWindow
 from dynnet_ros.swap.swapin import HostArena, WeightReader, arena_layout, huge_pages_available
 from dynnet_ros.swap.weight_file import LAYOUTS, WeightFile, ensure_weight_file
@@ -53,17 +51,6 @@ LOG = logging.getLogger(__name__)
 #: split FC weights to at most this fraction of all weights (a 25 % budget holds two pieces)
 SPLIT_FRACTION = 1 / 8
 MIN_SPLIT_BYTES = MB
-#: what one segment's onnxruntime temporaries may add between two RSS samples (see docs/swap.md)
-TRANSIENT_BYTES = 256 * 1024
-MARGIN_FRACTION = 0.005
-#: the table's lowest level sits this far above the measured minimum, which moves a little
-#: with every frame's measurement (a level taken from the table must still be accepted)
-LOWEST_LEVEL_SLACK = 1.02
-#: the measured footprint may grow this much before the window shrinks mid-stream
-RESIZE_SLACK_BYTES = 256 * 1024
-#: frames over which the measured non-weight footprint's maximum is kept
-HISTORY = 16
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 DEFAULT_READ_MB_S = 800.0  # O_DIRECT read rate on this class of VM (dd, 4 MiB blocks)
 
 
@@ -110,11 +97,6 @@ def prepare(path: str | os.PathLike, layout: str = "nchwc") -> WeightFile:
     return prepare_weight_file(load_skeleton(path), layout)[0]
 
 
-def rss_bytes(fd: int) -> int:
-    """Current RSS from /proc/self/statm (one pread; cheap enough per segment)."""
-    return int(os.pread(fd, 128, 0).split()[1]) * PAGE_SIZE
-
-
 def predict_latency_ms(compute_ms: float, weight_bytes: int, allowance: float, need: int,
                        read_mb_s: float | None) -> float:
     """Frame latency when ``allowance`` bytes of weights may be resident: the compute time plus
@@ -127,36 +109,25 @@ def predict_latency_ms(compute_ms: float, weight_bytes: int, allowance: float, n
     return compute_ms + max(0.0, read_ms - 0.5 * compute_ms)
 
 
-@dataclass
-class Footprint:
-    """What the engine holds besides weights, measured, with the margin the budget keeps."""
-
-    nonweight: int
-    margin: int
-
-    def allowance(self, budget: int) -> int:
-        return budget - self.nonweight - self.margin
-
-
 class StreamedExecutor:
     """BudgetedExecutor (see backends.base): the planned engine with its weights streamed."""
 
     name = "swap"
 
-    def __init__(self, model: onnx.ModelProto, *, threads: int | None = None, baseline_rss: int | None = None,
+    def __init__(self, model: onnx.ModelProto | None = None, *, threads: int | None = None,
                  store_root: str | os.PathLike | None = None, layout: str = "nchwc",
-                 weights: WeightFile | None = None, rebuilt_reason: str | None = None,
-                 external_bytes: Callable[[], int] = lambda: 0) -> None:
-        """``baseline_rss``: RSS before the model was loaded (budgets bound the growth since);
-        ``layout``: see ``prepare_weight_file``; ``weights``: the model's verified weight file if
-        the caller has it (else found or built), and ``rebuilt_reason`` why it was rebuilt;
-        ``external_bytes``: what the caller allocated since and charges to itself."""
-        self._external = external_bytes
-        self._statm = os.open("/proc/self/statm", os.O_RDONLY)
-        self.baseline = baseline_rss if baseline_rss is not None else rss_bytes(self._statm)
-        before_build = rss_bytes(self._statm)
-        self.file, self.rebuilt_reason = (weights, rebuilt_reason) if weights is not None else \
-            prepare_weight_file(model, layout, store_root)
+                 weights: WeightFile | None = None, rebuilt_reason: str | None = None) -> None:
+        """``model``: found or built into a weight file unless ``weights`` (its verified weight
+        file) is given, with ``rebuilt_reason`` why it was rebuilt; ``layout``: see
+        ``prepare_weight_file``; ``store_root``: the swap cache (weight files, calibrations).
+        Budgets are judged once ``calibrate`` named the input shapes."""
+        if weights is None:
+            if model is None:
+                raise ValueError("a model or its weight file is needed")
+            weights, rebuilt_reason = prepare_weight_file(model, layout, store_root)
+        self.file, self.rebuilt_reason = weights, rebuilt_reason
+        self._threads = threads
+        self._store_root = store_root
         self.split_bytes = int(self.file.index["split_bytes"])
         graph = self.file.graph()
         # big tensors' whole 2 MiB units in huge pages (direct reads 2-3x cheaper than into 4 KiB
@@ -182,15 +153,14 @@ class StreamedExecutor:
         spans = {name: (t.offset, t.span, self.places[name]) for name, t in self.file.tensors.items()}
         self.window = WeightWindow(self.region, self.reader, spans, self.planned.segment_weight_names())
         self.planned.segment_hook = self
-        # sessions, plans and the runtime this build added (what exists next to it is not ours)
-        self._build_bytes = max(0, rss_bytes(self._statm) - before_build)
-        if before_build - self.baseline < self._build_bytes:  # nothing else of the engine's was there
-            self._build_bytes = max(0, rss_bytes(self._statm) - self.baseline)
-        self._history: collections.deque[int] = collections.deque(maxlen=HISTORY)
-        self._frame_max = 0
+        self._calibrations: dict[str, Calibration] = {}
+        self._cal: Calibration | None = None  # at the input shapes in force
+        self._shapes_key: str | None = None
+        self._warned: set[str] = set()
         self._budget: int | None = None
         self._latency_ms: float | None = None
         self._compute_ms: float | None = None
+        self._closed = False
 
     def _views(self, graph: onnx.ModelProto) -> dict[str, ort.OrtValue]:
         arena = self.region.array
@@ -208,50 +178,49 @@ class StreamedExecutor:
                 values[tensor.name] = ort.OrtValue.ortvalue_from_numpy(view)
         return values
 
-    def calibrate(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
-        """Run one frame of zeros at ``shapes`` through the smallest window, so the footprint
-        without weights is measured (arena at that size, sessions' first-run allocations)
-        before any budget is judged against it."""
-        graph = self.planned.graph
-        feeds = {name: np.zeros(shape, dtype=helper.tensor_dtype_to_np_dtype(graph.elem_types[name]))
-                 for name, shape in shapes.items()}
-        release_memory()  # the build's garbage is not the engine's footprint
-        self.window.set_allowance(self.window.min_stream_bytes)
-        try:
-            self.planned.run(feeds)
-        except ValueError as exc:
-            LOG.info("calibration frame at %s failed (%s); the footprint stays estimated", shapes, exc)
+    def calibration(self, shapes: Shapes) -> Calibration:
+        """This engine's footprint at ``shapes`` (measured once per model and shapes in a child
+        process, then read from the cache). ValueError: the model does not run at ``shapes``."""
+        key = shapes_key(shapes)
+        if key not in self._calibrations:
+            self._calibrations[key] = load_or_measure(self.file, self._threads, shapes, self._store_root)
+        return self._calibrations[key]
+
+    def calibrate(self, shapes: Shapes) -> None:
+        """Judge budgets at ``shapes`` from now on; the window follows the footprint there."""
+        key = shapes_key(shapes)
+        if key == self._shapes_key:
+            return
+        self._cal = self.calibration(shapes)
+        self._shapes_key = key
+        if self._budget is not None and self._budget < self._cal.minimum_bytes() and key not in self._warned:
+            self._warned.add(key)
+            LOG.warning("memory budget %.1f MB is below this model's minimum %.1f MB at input %s: running in the "
+                        "smallest window until the budget is raised", self._budget / MB,
+                        self._cal.minimum_bytes() / MB, key)
+        self._apply_allowance()
+
+    def _calibrated(self) -> Calibration:
+        if self._cal is None:
+            raise RuntimeError("the streamed executor has no input shapes yet (calibrate first)")
+        return self._cal
 
     # ------------------------------------------------------------------ budget
     @property
     def weight_span(self) -> int:
         return self.window.total_span
 
-    def footprint(self) -> Footprint:
-        """Measured non-weight bytes (max over recent frames), else an estimate before the first."""
-        if self._history:
-            nonweight = max(self._history)
-        else:
-            arena = self.planned.last_plan.height if self.planned.last_plan is not None else \
-                max((p.height for p in self.planned.plans.values()), default=0)
-            nonweight = self._build_bytes + arena + TRANSIENT_BYTES
-        return Footprint(max(nonweight, 0) + TRANSIENT_BYTES, int(MARGIN_FRACTION * (self._budget or 0)))
-
-    def min_budget_bytes(self) -> int:
-        """The smallest budget this executor can run in: non-weight footprint + one segment's
-        weights (plus what stays live across it), with the margin."""
-        fp = self.footprint()
-        need = fp.nonweight + self.window.min_stream_bytes
-        return int(need / (1 - MARGIN_FRACTION)) + 1
+    def min_budget_bytes(self, shapes: Shapes | None = None) -> int:
+        """The smallest budget accepted at ``shapes`` (default: the shapes in force): the
+        footprint besides weights + the weights live at the heaviest segment, with the margin."""
+        return (self._calibrated() if shapes is None else self.calibration(shapes)).minimum_bytes()
 
     def lowest_level_bytes(self) -> int:
-        """The lowest budget a table offers: the minimum with room for the next frames'
-        measurements to move it (relative for big models, 256 KiB for tiny ones)."""
-        return int(self.min_budget_bytes() * LOWEST_LEVEL_SLACK) + RESIZE_SLACK_BYTES
+        """The lowest budget a table offers: the minimum (it does not move between frames)."""
+        return self.min_budget_bytes()
 
-    def inmemory_bytes(self) -> int:
-        fp = self.footprint()
-        return int((fp.nonweight + self.weight_span) / (1 - MARGIN_FRACTION)) + 1
+    def inmemory_bytes(self, shapes: Shapes | None = None) -> int:
+        return (self._calibrated() if shapes is None else self.calibration(shapes)).inmemory_bytes()
 
     def set_budget(self, budget_bytes: int | None) -> None:
         """All weights resident for None; else the window the budget leaves (ValueError if too small)."""
@@ -259,53 +228,41 @@ class StreamedExecutor:
             self._budget = None
             self.window.set_allowance(self.weight_span)
             return
-        minimum = self.min_budget_bytes()
+        cal = self._calibrated()
+        minimum = cal.minimum_bytes()
         if budget_bytes < minimum:
-            fp = self.footprint()
-            raise ValueError(f"memory budget {budget_bytes / MB:.1f} MB is below this model's minimum "
-                             f"{minimum / MB:.1f} MB (engine without weights {fp.nonweight / MB:.1f} MB + "
-                             f"{self.window.min_stream_bytes / MB:.1f} MB of weights one step needs)")
+            raise ValueError(f"memory budget {round(budget_bytes / MB, 3):g} MB is below this model's minimum "
+                             f"{minimum / MB:.1f} MB at input {self._shapes_key} (engine without weights "
+                             f"{cal.footprint / MB:.1f} MB + {cal.min_stream_bytes / MB:.1f} MB of weights "
+                             f"one step needs)")
         self._budget = int(budget_bytes)
         self._apply_allowance()
 
     def _apply_allowance(self) -> None:
         allowance = self.weight_span if self._budget is None else \
-            min(self.weight_span, max(self.footprint().allowance(self._budget), self.window.min_stream_bytes))
+            min(self.weight_span, max(self._calibrated().allowance(self._budget), self.window.min_stream_bytes))
         if allowance != self.window.allowance:
             self.window.set_allowance(allowance)
 
     # ------------------------------------------------------------------ hook (PlannedExecutor calls these)
     def frame_start(self) -> None:
-        self._frame_max = 0
         self.window.frame_start()
 
     def before(self, k: int) -> None:
         self.window.before(k)
 
     def after(self, k: int) -> None:
-        self._frame_max = max(self._frame_max,
-                              rss_bytes(self._statm) - self.baseline - self.window.resident_bytes - self._external())
         self.window.after(k)
 
     def frame_end(self) -> None:
         self.window.frame_end()
-        previous = max(self._history) if self._history else None
-        self._history.append(self._frame_max)
-        if self._budget is not None and max(self._history) != previous:
-            # the footprint moved (new input size, first frames): re-size the window
-            current = self.window.allowance
-            wanted = min(self.weight_span, max(self.footprint().allowance(self._budget), self.window.min_stream_bytes))
-            # a resize restarts the stream (tensors dropped are read again): not for jitter the
-            # margin already covers
-            slack = max(RESIZE_SLACK_BYTES, self.footprint().margin)
-            if wanted < current - slack or wanted > current + MB:
-                self.window.set_allowance(wanted)
 
     def abort(self) -> None:
         self.window.abort()
 
     # ------------------------------------------------------------------ executor API
     def run(self, feeds, out=None):
+        self.calibrate({name: tuple(np.shape(value)) for name, value in feeds.items()})
         start = time.perf_counter()
         outputs = self.planned.run(feeds, out)
         ms = (time.perf_counter() - start) * 1e3
@@ -324,7 +281,7 @@ class StreamedExecutor:
         compute = self._compute_ms if self._compute_ms is not None else compute_ms
         if compute is None:
             return None
-        allowance = self.footprint().allowance(budget_bytes)
+        allowance = self._calibrated().allowance(budget_bytes)
         return predict_latency_ms(compute, self.weight_span, allowance, self.window.min_stream_bytes,
                                   self.window.stats.read_mb_s)
 
@@ -343,15 +300,15 @@ class StreamedExecutor:
 
     def executor_stats(self) -> ExecutorStats:
         stats = self.window.stats
-        footprint = self.footprint()
+        footprint = 0 if self._cal is None else self._cal.footprint
         planned = self.planned.executor_stats()
         window = WindowStats(
             layout=self.file.layout, store=str(self.file.directory), weight_bytes=self.file.weight_bytes,
             weight_span_bytes=self.weight_span, allowance_bytes=self.window.allowance,
             pinned_bytes=self.window.pinned_bytes, resident_weight_bytes=self.window.resident_bytes,
-            peak_resident_bytes=stats.peak_resident, nonweight_bytes=footprint.nonweight,
-            min_budget_bytes=self.min_budget_bytes(), budget_bytes=self._budget,
-            predicted_peak_bytes=footprint.nonweight + self.window.allowance, io_mode=self.reader.mode.value,
+            peak_resident_bytes=stats.peak_resident, nonweight_bytes=footprint,
+            min_budget_bytes=0 if self._cal is None else self._cal.minimum_bytes(), budget_bytes=self._budget,
+            predicted_peak_bytes=footprint + self.window.allowance, io_mode=self.reader.mode.value,
             frames=stats.frames, last_frame_read_bytes=stats.last_frame_read,
             last_frame_stall_ms=stats.last_frame_stall_ms, read_mb_s=stats.read_mb_s,
             split_bytes=self.split_bytes, rebuilt_reason=self.rebuilt_reason)
@@ -361,12 +318,11 @@ class StreamedExecutor:
 
     def close(self) -> None:
         """Idempotent (the Engine closes its executor and its swap control, here the same object)."""
-        if self._statm < 0:
+        if self._closed:
             return
+        self._closed = True
         self.window.close()
         self.planned.close()
         self._values = {}
         self.reader.close()
         self.region.close()
-        os.close(self._statm)
-        self._statm = -1

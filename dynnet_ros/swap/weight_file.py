@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -34,6 +35,8 @@ from dynnet_ros.settings import settings
 from dynnet_ros.swap.gemm_split import split_large_gemms
 from dynnet_ros.swap.swapin import ALIGN, HostArena, WeightReader, align_up
 from dynnet_ros.units import MB
+
+LOG = logging.getLogger(__name__)
 
 FORMAT = "dynnet-stream-weights"
 VERSION = 2
@@ -248,6 +251,8 @@ def ensure_weight_file(laid_out_path: str | os.PathLike, *, source_key: str, lay
             return weights, None
         except StoreError as exc:
             reason = str(exc)
+    LOG.info("building the weight file of %s in %s (%s)", laid_out_path, directory,
+             "first start" if reason is None else f"replacing a damaged or stale one: {reason}")
     _build_in_child(laid_out_path, directory, split_bytes, layout)
     weights = WeightFile(directory)
     weights.verify()

@@ -9,6 +9,7 @@ concurrent processes never see a half-written model, and a stamp never vouches f
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import tempfile
 from functools import lru_cache
@@ -21,6 +22,7 @@ from dynnet_ros.settings import settings
 
 from . import depth, gated, lane, multiexit, pedestrian
 
+log = logging.getLogger(__name__)
 MODEL_NAMES: tuple[str, ...] = ("lane", "pedestrian", "depth", "gated", "multiexit")
 _BUILDERS: dict[str, Callable[[], onnx.ModelProto]] = {
     "lane": lane.build, "pedestrian": pedestrian.build, "depth": depth.build,
@@ -96,6 +98,8 @@ def ensure_model(name: str, out_dir: str | os.PathLike | None = None, force: boo
     if not force and is_current(path):
         return path
     directory.mkdir(parents=True, exist_ok=True)
+    log.info("building zoo model %s in %s (%s)", name, directory,
+             "first start" if not path.exists() else "forced" if force else "its builder changed")
     _write_atomic(path, build_model(name).SerializeToString())
     _write_atomic(_stamp_path(path), (BUILDER_VERSION + "\n").encode())
     return path

@@ -24,7 +24,7 @@ class WindowStats:
     pinned_bytes: int            # weights never dropped (latest-used, when the allowance has room)
     resident_weight_bytes: int   # weights resident now
     peak_resident_bytes: int     # most weights resident at once
-    nonweight_bytes: int         # measured footprint besides weights (max over recent frames)
+    nonweight_bytes: int         # the engine's footprint besides weights at the input size (swap/calibration.py)
     min_budget_bytes: int        # smallest budget the window accepts now
     budget_bytes: int | None     # the budget in force (None: every weight resident)
     predicted_peak_bytes: int    # non-weight footprint + allowance
@@ -71,16 +71,16 @@ class BudgetedExecutor(Executor, Protocol):
     """An executor that runs inside a memory budget it can be given and changed between frames."""
 
     def set_budget(self, budget_bytes: int | None) -> None:
-        """Run within ``budget_bytes`` of RSS growth (None: unlimited); ValueError below the minimum,
-        the previous budget then stays in force."""
+        """Hold at most ``budget_bytes`` (resident weights + its footprint besides them; None:
+        unlimited); ValueError below the minimum, the previous budget then stays in force."""
 
-    def min_budget_bytes(self) -> int:
-        """The smallest budget it accepts now."""
+    def min_budget_bytes(self, shapes: Mapping[str, tuple[int, ...]] | None = None) -> int:
+        """The smallest budget it accepts at ``shapes`` (default: the input shapes in force)."""
 
     def lowest_level_bytes(self) -> int:
-        """The lowest budget a latency table offers (the minimum with room for measurement noise)."""
+        """The lowest budget a latency table offers."""
 
-    def inmemory_bytes(self) -> int:
+    def inmemory_bytes(self, shapes: Mapping[str, tuple[int, ...]] | None = None) -> int:
         """Its footprint with every weight resident."""
 
     @property
@@ -92,4 +92,5 @@ class BudgetedExecutor(Executor, Protocol):
         assumed until the executor has measured its own."""
 
     def calibrate(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
-        """Measure the footprint at ``shapes`` before a budget is judged against it."""
+        """Judge budgets at ``shapes`` from now on (the footprint there is measured once per model
+        and shapes, in a child process)."""

@@ -11,6 +11,9 @@ from dynnet_ros.engine.backends.trt_env import tensorrt_unavailable_reason
 from dynnet_ros.engine.model_io import load_model
 from dynnet_ros.engine.plan.loader import load_skeleton
 
+#: Every backend ``create_executor`` knows, available here or not.
+BACKEND_NAMES: tuple[str, ...] = ("cpu", "ort", "tensorrt")
+
 
 def available_backends() -> dict[str, str | None]:
     """Backend name -> None when usable, else the reason it is not (TensorRT: tensorrt + pycuda

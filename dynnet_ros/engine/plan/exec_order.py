@@ -251,11 +251,22 @@ def tensor_lifetimes(order: Sequence[int], nodes: Sequence,
     return {g.names[t]: se for t, se in enumerate(_lifetimes_idx(g, pos, len(order)))}
 
 
-def lifetimes_to_buffers(lifetimes: dict[str, tuple[int, int]],
-                         size_of: SizeOf) -> tuple[list[str], list[tuple[int, int, int]]]:
-    """Names and ``(start, end, nbytes)`` buffers, ready for ``plan_offsets``."""
+def lifetimes_to_buffers(lifetimes: Mapping[str, tuple[int, int]],
+                         size_of: SizeOf | Mapping[str, int]) -> tuple[list[str], list[tuple[int, int, int]]]:
+    """Names and ``(start, end, nbytes)`` buffers, ready for ``plan_offsets``.
+
+    ``size_of`` takes the forms ``best_order`` takes for one binding: a ``{tensor: bytes}``
+    mapping or a callable. A tensor without a size raises ValueError naming it."""
+    size = size_of.__getitem__ if isinstance(size_of, Mapping) else size_of
     names = list(lifetimes)
-    return names, [(lifetimes[k][0], lifetimes[k][1], int(size_of(k))) for k in names]
+    buffers = []
+    for name in names:
+        try:
+            nbytes = int(size(name))
+        except KeyError:
+            raise ValueError(f"no size for tensor {name!r}") from None
+        buffers.append((lifetimes[name][0], lifetimes[name][1], nbytes))
+    return names, buffers
 
 
 def peak_live_bytes(order: Sequence[int], nodes: Sequence, size_of: Sizes,

@@ -88,6 +88,7 @@ def nchwc_layout(source: str | os.PathLike, *, timeout_s: float = 600) -> LaidOu
     if cached is not None:
         return cached
     folder.parent.mkdir(parents=True, exist_ok=True)
+    log.info("building the NCHWc layout of %s in %s (first start)", source, folder)
     with tempfile.TemporaryDirectory(dir=folder.parent) as work:
         target = Path(work) / "model.onnx"
         if source.stat().st_size <= IN_PROCESS_BYTES:

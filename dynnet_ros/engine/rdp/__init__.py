@@ -1,7 +1,7 @@
 """RDP: sound symbolic rank/dimension propagation for ONNX models (SoD² §3).
 
 ``analyze(model_or_path, input_shapes=None)`` returns an :class:`AnalysisResult`
-whose ``to_json()`` follows the contract in DESIGN.md.  Depends only on onnx+numpy.
+whose ``to_json()`` follows the JSON described in docs/rdp.md.  Depends only on onnx+numpy.
 """
 from .analyze import analyze
 from .expr import Expr, eval_str, parse

@@ -1,4 +1,4 @@
-"""The analysis result: JSON per the DESIGN.md contract and run-time binding."""
+"""The analysis result: the JSON of docs/rdp.md and run-time binding."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

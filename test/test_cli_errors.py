@@ -1,0 +1,232 @@
+"""The `dynnet` CLI's one error path: every bad input ends in exit status 2 and one error line.
+
+The rule checked for every sub-command (found in ``cli.build_parser``, nested ones included):
+
+* exit status 2, nothing on stdout, no traceback;
+* stderr's last line is ``dynnet SUB: error: REASON`` and no other line says ``error:``;
+* any lines before it are argparse's usage block *of that sub-command* (``usage: dynnet SUB …``
+  and its indented continuation lines) — argparse prints it for what the argument types refuse;
+  what a command can only check once it runs (a mismatch with the model's inputs) is the line
+  alone;
+* no work was done: the zoo, layout and weight-file caches (temporary directories here) are
+  never created, so a bad value is refused before a model is built.
+
+Every sub-command needs its own entries in ``CASES`` (a new sub-command fails
+``test_every_command_has_cases`` until it has them); on top of those, every option whose type is
+one of ``commands/arguments.py``'s number, model or output-file types gets a bad value
+generically, and every sub-command an unknown flag.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from dynnet_ros import cli
+from dynnet_ros.commands import arguments
+
+REPO = Path(__file__).resolve().parents[1]
+CACHES = ("DYNNET_ZOO_DIR", "DYNNET_LAYOUT_DIR", "DYNNET_SWAP_DIR")
+
+# Placeholders in CASES, replaced by files the fixture writes.
+TINY, EMPTY, TEXT, A_DIR, A_FILE = "<tiny.onnx>", "<empty.onnx>", "<text.onnx>", "<dir>", "<file>"
+
+#: sub-command -> (arguments, a substring the error line must contain)
+CASES: dict[str, list[tuple[list[str], str]]] = {
+    "dynnet analyze": [
+        ([EMPTY], "empty (0 bytes)"),
+        ([TEXT], "not a readable ONNX model"),
+        (["missing.onnx"], "model file not found"),
+        (["zoo:nope"], "unknown zoo model 'nope'"),
+        ([], "give a MODEL"),
+        ([TINY, "--input-shape", "image=1x3xAx4"], "argument --input-shape"),
+        ([TINY, "--input-shape", "nosuch=1x3x32x32"], "no input 'nosuch'"),
+        ([TINY, "--divisor", "H=0"], "argument --divisor"),
+        ([TINY, "--top", "-1"], "argument --top"),
+        ([TINY, "--json", A_DIR], "is a directory"),
+    ],
+    "dynnet bench": [
+        (["zoo:lane", "--shapes", "240x320"], "multiples of 32"),
+        (["zoo:lane", "--shapes", "640-224:32"], "argument --shapes"),
+        (["zoo:lane", "--shapes", "big"], "argument --shapes"),
+        (["zoo:lane", "--samples", "0"], "argument --samples"),
+        (["zoo:lane", "--repeats", "0"], "argument --repeats"),
+        (["zoo:lane", "--threads", "x"], "argument --threads"),
+        (["zoo:lane", "--engine-backend", "gpu"], "argument --engine-backend"),
+        ([EMPTY], "argument model"),
+    ],
+    "dynnet demo": [
+        (["--duration", "-1"], "argument --duration"),
+        (["--duration", "1", "--config", "missing.yaml"], "argument --config"),
+        (["--duration", "1", "--namespace", "1bad"], "argument --namespace"),
+        (["--duration", "1", "--report", A_FILE], "not a directory"),
+    ],
+    "dynnet plan": [
+        ([TINY, "--input-shape", "image=1x3x32"], "rank 4"),
+        ([TINY, "--input-shape", "image=2x3x32x32"], "fixed at 1"),
+        ([TINY, "--granularity", "huge"], "argument --granularity"),
+        ([TEXT], "argument model"),
+        (["zoo:nope"], "unknown zoo model"),
+    ],
+    "dynnet swap prepare": [
+        ([EMPTY], "argument model"),
+        (["zoo:nope"], "unknown zoo model"),
+        ([TINY, "--layout", "blocked"], "argument --layout"),
+        ([TINY, "--json", A_DIR], "is a directory"),
+    ],
+    "dynnet swap bench": [
+        (["zoo:lane", "--size", "240x320"], "multiples of 32"),
+        (["zoo:lane", "--size", "480"], "expected HxW"),
+        (["zoo:lane", "--sizes", "480x640,100x100"], "multiples of 32"),
+        (["zoo:lane", "--budgets", "-5"], "must be positive"),
+        (["zoo:lane", "--budgets", "150%"], "between 0% and 100%"),
+        (["zoo:lane", "--budgets", "50%,lots"], "argument --budgets"),
+        (["zoo:lane", "--budgets", ","], "at least one budget"),
+        (["zoo:lane", "--iters", "0"], "argument --iters"),
+        (["zoo:lane", "--size", "480x640", "--sizes", "480x640"], "not allowed with"),
+        ([EMPTY], "argument model"),
+    ],
+    "dynnet up": [
+        (["--duration", "0"], "--duration"),
+        (["--duration", "1", "--config", "missing.yaml"], "not found"),
+        (["--duration", "1", "--namespace", "1bad"], "namespace"),
+    ],
+    "dynnet zoo build": [
+        (["--out", A_FILE], "not a directory"),
+        (["--json", "no-such-dir/x.json"], "does not exist"),
+    ],
+    "dynnet zoo info": [
+        (["--runs", "0"], "argument --runs"),
+        (["--threads", "-2"], "argument --threads"),
+        (["--json", A_DIR], "is a directory"),
+    ],
+}
+
+#: bad values for the argument types, by type (generic cases)
+BAD_VALUES = {arguments.positive_int: "0", arguments.nonnegative_int: "-1", arguments.positive_float: "-1",
+              arguments.model_spec: EMPTY, arguments.output_file: "no-such-dir/out.json"}
+
+
+def _leaves() -> dict[str, argparse.ArgumentParser]:
+    """Sub-commands that run (no sub-commands of their own), by prog."""
+    parsers = cli.command_parsers(cli.build_parser())
+    return {p.prog: p for p in parsers if not cli.command_parsers(p)}
+
+
+LEAVES = _leaves()
+
+
+@pytest.fixture
+def files(tmp_path, monkeypatch):
+    """The placeholder files, caches in temporary directories, and the work dir to run in."""
+    for name in CACHES:
+        monkeypatch.setenv(name, str(tmp_path / "cache" / name.lower()))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["image"], ["out"])], "tiny",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, "H", "W"])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 3, "H", "W"])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(work / "tiny.onnx"))
+    (work / "empty.onnx").write_bytes(b"")
+    (work / "text.onnx").write_text("not a model\n")
+    (work / "a_dir").mkdir()
+    (work / "a_file").write_text("x\n")
+    return {TINY: "tiny.onnx", EMPTY: "empty.onnx", TEXT: "text.onnx", A_DIR: "a_dir", A_FILE: "a_file",
+            "cache": tmp_path / "cache"}
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_error(prog: str, code: int, out: str, err: str, expected: str = "") -> None:
+    assert code == 2, (code, err)
+    assert out == "", f"work started before the error: {out!r}"
+    assert "Traceback" not in err, err
+    lines = err.splitlines()
+    assert lines, "nothing on stderr"
+    last = lines[-1]
+    assert last.startswith(f"{prog}: error: ") and len(last) > len(f"{prog}: error: "), err
+    assert expected in last, (expected, last)
+    assert sum("error:" in line for line in lines) == 1, err
+    usage = lines[:-1]
+    if usage:
+        assert usage[0].startswith(f"usage: {prog} ") or usage[0] == f"usage: {prog}", err
+        assert all(line.startswith(" ") for line in usage[1:]), err
+
+
+def _argv(prog: str, args: list[str], files: dict) -> list[str]:
+    return prog.split()[1:] + [files.get(a, a) for a in args]
+
+
+def test_every_command_has_cases():
+    assert set(LEAVES) == set(CASES), "every sub-command needs bad-input cases in CASES"
+    assert all(len(cases) >= 2 for cases in CASES.values())
+
+
+@pytest.mark.parametrize("prog,args,expected",
+                         [(prog, args, expected) for prog, cases in CASES.items() for args, expected in cases],
+                         ids=lambda v: " ".join(v) if isinstance(v, list) else str(v))
+def test_bad_input_is_one_line_and_exit_2(prog, args, expected, files, capsys):
+    code, out, err = run_cli(_argv(prog, args, files), capsys)
+    assert_one_error(prog, code, out, err, expected)
+    assert not files["cache"].exists(), "a cache was written: the command did work before refusing"
+
+
+@pytest.mark.parametrize("prog", sorted(LEAVES))
+def test_unknown_flag_shows_the_subcommands_usage(prog, files, capsys):
+    base = [TINY] if any(a.dest == "model" for a in LEAVES[prog]._actions) else []
+    code, out, err = run_cli(_argv(prog, base + ["--no-such-flag"], files), capsys)
+    assert_one_error(prog, code, out, err, "unrecognized arguments: --no-such-flag")
+    assert err.startswith(f"usage: {prog}")
+
+
+def _generic_cases() -> list[tuple[str, list[str], str]]:
+    found = []
+    for prog, parser in sorted(LEAVES.items()):
+        needs_model = any(a.dest == "model" and not a.option_strings for a in parser._actions)
+        for action in parser._actions:
+            bad = BAD_VALUES.get(action.type)  # type: ignore[call-overload]
+            if bad is None:
+                continue
+            if action.option_strings:
+                args = ([TINY] if needs_model else []) + [action.option_strings[-1], bad]
+                name = action.option_strings[-1]
+            else:
+                args, name = [bad], action.dest
+            found.append((prog, args, f"argument {name}"))
+    return found
+
+
+@pytest.mark.parametrize("prog,args,expected", _generic_cases(),
+                         ids=lambda v: " ".join(v) if isinstance(v, list) else str(v))
+def test_every_typed_argument_rejects_a_bad_value(prog, args, expected, files, capsys):
+    code, out, err = run_cli(_argv(prog, args, files), capsys)
+    assert_one_error(prog, code, out, err, expected)
+    assert not files["cache"].exists()
+
+
+@pytest.mark.parametrize("argv,prog", [(["swap"], "dynnet swap"), (["zoo"], "dynnet zoo"),
+                                       (["nosuch"], "dynnet"), ([], "dynnet")])
+def test_missing_or_unknown_command(argv, prog, files, capsys):
+    code, out, err = run_cli(argv, capsys)
+    assert_one_error(prog, code, out, err)
+
+
+def test_the_installed_command_follows_the_rule(files, tmp_path):
+    """The console script itself (not just ``cli.main``): exit 2, usage of the sub-command, one line."""
+    script = Path(sys.executable).with_name("dynnet")
+    command = [str(script)] if script.is_file() else [sys.executable, "-m", "dynnet_ros.cli"]
+    proc = subprocess.run(command + ["swap", "bench", "zoo:lane", "--budgets", "100%", "--size", "240x320"],
+                          capture_output=True, text=True, timeout=300)
+    assert_one_error("dynnet swap bench", proc.returncode, proc.stdout, proc.stderr, "argument --size")
+    assert not files["cache"].exists()
