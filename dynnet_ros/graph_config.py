@@ -2,11 +2,12 @@
 
 Both `launch/vehicle.launch.py` (robots with ROS 2 installed) and `dynnet up` (anywhere) build
 their processes from `graph_processes()`, so the two can never disagree on nodes, parameters,
-remappings or namespace (test/test_launch.py compares the processes each one starts). No ROS
-imports here.
+remappings, namespace or respawn settings (test/test_launch.py compares the processes each one
+starts and kills one under launch to see it respawned). No ROS imports here.
 """
 from __future__ import annotations
 
+import math
 import re
 import sys
 from dataclasses import dataclass, field
@@ -26,7 +27,32 @@ EXECUTABLES: dict[str, str] = {
 }
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TOPIC = re.compile(r"^~?/?[A-Za-z_~{][A-Za-z0-9_/{}~]*$")
-_NODE_KEYS = {"name", "executable", "sim", "parameters", "remappings"}
+_RESPAWN_KEYS = {"respawn", "respawn_delay_s", "respawn_max_retries", "respawn_window_s"}
+_NODE_KEYS = {"name", "executable", "sim", "parameters", "remappings"} | _RESPAWN_KEYS
+
+
+@dataclass(frozen=True)
+class RespawnPolicy:
+    """What a launcher does when a node's process dies without being asked to stop.
+
+    ``dynnet up`` restarts the node after ``delay_s``, doubling the delay for each further crash
+    within ``window_s`` (a crash loop backs off instead of spinning), and leaves the node down
+    when a crash would be restart number ``max_retries + 1`` within the window: a node that keeps
+    dying is reported rather than restarted forever. Crashes older than the window are
+    forgotten. ``ros2 launch`` maps this onto launch's own respawn (see launch/vehicle.launch.py).
+    """
+
+    enabled: bool = True
+    delay_s: float = 1.0
+    max_retries: int = 5
+    window_s: float = 120.0
+
+    def delay_after(self, crashes_in_window: int) -> float:
+        """Delay before the restart that follows the ``crashes_in_window``-th crash (1 = first)."""
+        return self.delay_s * 2.0 ** (crashes_in_window - 1)
+
+    def gives_up(self, crashes_in_window: int) -> bool:
+        return not self.enabled or crashes_in_window > self.max_retries
 
 
 @dataclass(frozen=True)
@@ -36,6 +62,7 @@ class NodeConfig:
     parameters: dict[str, Any] = field(default_factory=dict)
     remappings: dict[str, str] = field(default_factory=dict)
     sim: bool = False  # part of the simulator: skipped by `--no-sim` / `use_sim:=false`
+    respawn: RespawnPolicy = field(default_factory=RespawnPolicy)
 
 
 @dataclass(frozen=True)
@@ -60,6 +87,30 @@ def _param_value_ok(value: Any) -> bool:
         kinds = {bool if isinstance(v, bool) else float if isinstance(v, (int, float)) else type(v) for v in value}
         return len(kinds) == 1 and kinds <= {bool, float, str}
     return False
+
+
+def _number(raw: dict, key: str, default: float, label: str, *, minimum: float, strict: bool) -> float:
+    value = raw.get(key, default)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < minimum or (strict and value == minimum):
+        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+        raise ValueError(f"{label}: '{key}' must be a number {bound}, got {value!r}")
+    return float(value)
+
+
+def _parse_respawn(raw: dict, label: str) -> RespawnPolicy:
+    """The node's respawn keys, each defaulting to RespawnPolicy's value."""
+    default = RespawnPolicy()
+    enabled = raw.get("respawn", default.enabled)
+    if not isinstance(enabled, bool):
+        raise ValueError(f"{label}: 'respawn' must be true or false, got {enabled!r}")
+    retries = raw.get("respawn_max_retries", default.max_retries)
+    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+        raise ValueError(f"{label}: 'respawn_max_retries' must be an integer >= 0, got {retries!r}")
+    return RespawnPolicy(enabled=enabled,
+                         delay_s=_number(raw, "respawn_delay_s", default.delay_s, label, minimum=0.0, strict=False),
+                         max_retries=retries,
+                         window_s=_number(raw, "respawn_window_s", default.window_s, label, minimum=0.0, strict=True))
 
 
 def parse_graph(data: Any, source: str = "<memory>") -> GraphConfig:
@@ -111,7 +162,7 @@ def parse_graph(data: Any, source: str = "<memory>") -> GraphConfig:
         if not isinstance(sim, bool):
             raise ValueError(f"{label}: 'sim' must be true or false, got {sim!r}")
         nodes.append(NodeConfig(name=name, executable=executable, parameters=dict(params),
-                                remappings=dict(remaps), sim=sim))
+                                remappings=dict(remaps), sim=sim, respawn=_parse_respawn(raw, label)))
     return GraphConfig(nodes=nodes, source=source)
 
 
@@ -167,6 +218,7 @@ class ProcessSpec:
     namespace: str
     parameters: dict[str, Any]
     remappings: tuple[tuple[str, str], ...]
+    respawn: RespawnPolicy = field(default_factory=RespawnPolicy)
 
     @property
     def module(self) -> str:
@@ -188,7 +240,8 @@ def graph_processes(graph: GraphConfig, use_sim: bool = True, namespace: str = "
     """
     namespace = validate_namespace(namespace)
     return [ProcessSpec(name=node.name, executable=node.executable, namespace=namespace,
-                        parameters=dict(node.parameters), remappings=tuple(node.remappings.items()))
+                        parameters=dict(node.parameters), remappings=tuple(node.remappings.items()),
+                        respawn=node.respawn)
             for node in graph.selected(use_sim)]
 
 

@@ -31,7 +31,13 @@ def _default_config() -> str:
 
 def _nodes(context, *args, **kwargs):
     """Resolve the launch arguments, then one launch_ros Node per process of `graph_processes`
-    (the function `dynnet up` starts its processes from)."""
+    (the function `dynnet up` starts its processes from).
+
+    Respawn uses what launch offers: a fixed ``respawn_delay`` (no doubling) and at most
+    ``respawn_max_retries`` restarts over the whole launch (not per window); launch also restarts
+    a node that exited with status 0 on its own. `dynnet up` backs off and forgets old crashes
+    (graph_config.RespawnPolicy).
+    """
     path = LaunchConfiguration("config").perform(context)
     graph = load_graph(path)
     check_graph_parameters(graph, path)  # a bad value stops the launch here, naming file, node and parameter
@@ -40,7 +46,9 @@ def _nodes(context, *args, **kwargs):
     return [
         Node(package=PACKAGE, executable=process.executable, name=process.name,
              namespace=process.namespace or None, output="screen",
-             parameters=[process.parameters] if process.parameters else [], remappings=list(process.remappings))
+             parameters=[process.parameters] if process.parameters else [], remappings=list(process.remappings),
+             respawn=process.respawn.enabled, respawn_delay=process.respawn.delay_s,
+             respawn_max_retries=process.respawn.max_retries)
         for process in graph_processes(graph, use_sim, namespace)
     ]
 

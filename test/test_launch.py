@@ -5,8 +5,10 @@ Runs wherever `launch`/`launch_ros` import: a system ROS 2, or this venv with th
 launches, together covering every launch argument: all defaults, then `use_sim:=false
 config:=<custom> namespace:=<ns>`. Each checks that the config's nodes come up with its parameters,
 remappings and namespace, that outputs publish, that the processes match what `dynnet up` starts
-for the same arguments, and that one Ctrl-C (SIGINT to the process group, as a terminal sends it)
-stops every node cleanly, without launch escalating to SIGTERM/SIGKILL.
+for the same arguments, that a node killed with SIGKILL is respawned as the config's respawn keys
+say (the second launch kills the depth node twice: one restart, then left down), and that one
+Ctrl-C (SIGINT to the process group, as a terminal sends it) stops every node cleanly, without
+launch escalating to SIGTERM/SIGKILL.
 """
 from __future__ import annotations
 
@@ -17,13 +19,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import psutil
 import pytest
 import yaml
+from _waiting import wait_for
 from rclpy.parameter import parameter_value_to_python
 from rclpy.parameter_client import AsyncParameterClient
 from rclpy.qos import qos_profile_sensor_data
@@ -62,16 +64,6 @@ def _launch_missing() -> str | None:
 
 pytestmark = [pytest.mark.skipif(_launch_missing() is not None, reason=str(_launch_missing())),
               pytest.mark.timeout(600)]
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 @pytest.fixture(scope="module")
@@ -229,12 +221,48 @@ def custom_config(path: Path) -> Path:
             node["remappings"] = {"lane/mask": "lane/mask_remapped"}
         if node["name"] == "budget_manager":
             params.update(reserve_mb=256.0)
+        if node["name"] == "depth_node":  # killed by the test: launch restarts it once, then leaves it down
+            node.update(respawn=True, respawn_delay_s=0.5, respawn_max_retries=1)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
 
+def node_pid(launch: Launch, executable: str) -> int | None:
+    """The running node process of ``executable`` (launch runs lib/dynnet_ros/EXECUTABLE); a child
+    forked but not yet exec'd still shows launch's own command line and is not it."""
+    for proc in launch.node_processes():
+        try:
+            argv = proc.cmdline()
+            if executable in {Path(a).name for a in argv[:2]} and proc.status() != psutil.STATUS_ZOMBIE:
+                return proc.pid
+        except psutil.NoSuchProcess:
+            continue
+    return None
+
+
+def died_lines(launch: Launch, executable: str) -> list[str]:
+    return [line for line in launch.lines if f"[{executable}-" in line and "process has died" in line]
+
+
+def check_respawn(launch: Launch, graph, node_name: str, outputs_flow) -> None:
+    """kill -9 the node: launch restarts it (respawn, respawn_delay) while the others keep publishing;
+    a second kill exceeds respawn_max_retries 1 and it stays down."""
+    node = graph.node(node_name)
+    assert node.respawn.enabled and node.respawn.max_retries == 1, node.respawn
+    first = node_pid(launch, node.executable)
+    assert first is not None, launch.output()[-5000:]
+    os.kill(first, signal.SIGKILL)
+    second = wait_for(lambda: (node_pid(launch, node.executable) or first) != first
+                      and node_pid(launch, node.executable), 120, f"{node_name} respawned by launch")
+    outputs_flow()  # the graph serves again, the respawned node included
+    os.kill(second, signal.SIGKILL)
+    wait_for(lambda: len(died_lines(launch, node.executable)) >= 2, 60, f"launch noticing {node_name} died again")
+    outputs_flow(exclude=node_name)  # the others keep serving ...
+    assert node_pid(launch, node.executable) is None, launch.output()[-5000:]  # ... without it
+
+
 def run_launch(env: dict[str, str], args: list[str], config: Path, use_sim: bool, namespace: str,
-               outputs: dict[str, type], feed: bool) -> None:
+               outputs: dict[str, type], feed: bool, kill: str | None = None) -> None:
     graph = load_graph(config)
     expected = graph.selected(use_sim)
     observer = Observer(namespace)
@@ -248,20 +276,31 @@ def run_launch(env: dict[str, str], args: list[str], config: Path, use_sim: bool
         others = {n.name for n in graph.nodes} - {n.name for n in expected}
         assert not {f"{namespace}/{n}" for n in others} & observer.nodes(), "a sim node started with use_sim:=false"
 
-        for node in expected:  # the YAML's parameters, read back through each node's parameter service
+        # the YAML's parameters, read back through each node's parameter service; a running budget
+        # manager sets memory_budget_mb itself, so that one is the manager's, not the YAML's
+        managed = {"memory_budget_mb"} if any(n.executable == "budget_manager" for n in expected) else set()
+        for node in expected:
             values = observer.parameters(f"{namespace}/{node.name}", list(node.parameters))
             for name, value in node.parameters.items():
-                assert same_value(values[name], value), (node.name, name, values[name], value)
+                if name not in managed:
+                    assert same_value(values[name], value), (node.name, name, values[name], value)
 
         image = array_to_image(np.full((96, 128, 3), 90, np.uint8), "rgb8")
-        if feed:  # no simulator: this test is the camera
+        owners = {node.name: [t for t in outputs if t.split("/")[0] == node.name.removesuffix("_node")]
+                  for node in expected}
+
+        def outputs_flow(exclude: str | None = None) -> None:
+            """Every output (but ``exclude``'s) publishes again from here on."""
+            topics = [t for t in outputs if exclude is None or t not in owners.get(exclude, [])]
+            start = {t: observer.seen(f"{namespace}/{t}") for t in topics}
+
             def fed() -> bool:
-                observer.image_pub.publish(image)
-                return all(observer.seen(f"{namespace}/{t}") for t in outputs)
-            wait_for(fed, 180, f"outputs {sorted(outputs)}", interval=0.5)
-        else:
-            wait_for(lambda: all(observer.seen(f"{namespace}/{t}") for t in outputs), 180,
-                     f"outputs {sorted(outputs)}")
+                if feed:  # no simulator: this test is the camera
+                    observer.image_pub.publish(image)
+                return all(observer.seen(f"{namespace}/{t}") > start[t] for t in topics)
+            wait_for(fed, 180, f"outputs {sorted(topics)}", interval=0.5)
+
+        outputs_flow()
         for node in expected:  # remappings and namespace, as the graph sees them
             for src, dst in node.remappings.items():
                 assert f"{namespace}/{dst}" in observer.publishers(node.name)
@@ -275,6 +314,8 @@ def run_launch(env: dict[str, str], args: list[str], config: Path, use_sim: bool
         finally:
             runner.stop()
         assert_same_processes(launched, planned)
+        if kill is not None:
+            check_respawn(launch, graph, kill, outputs_flow)
     finally:
         observer.close()
         if launch.proc.poll() is None:
@@ -286,6 +327,9 @@ def run_launch(env: dict[str, str], args: list[str], config: Path, use_sim: bool
     assert "escalating" not in log and "SIGKILL" not in log, log[-5000:]
     for node in expected:
         finished = [line for line in log.splitlines() if f"[{node.executable}-" in line and "process has" in line]
+        if node.name == kill:  # killed twice, respawned once
+            assert len(finished) == 2 and all("exit code -9" in line for line in finished), (node.name, log[-5000:])
+            continue
         assert finished and all("finished cleanly" in line for line in finished), (node.name, log[-5000:])
     assert "Traceback" not in log, log[-5000:]
 
@@ -301,4 +345,4 @@ def test_launch_with_every_argument_set(install, tmp_path):
     run_launch(install, ["use_sim:=false", f"config:={config}", f"namespace:={namespace}"], config,
                use_sim=False, namespace=namespace,
                outputs={"lane/mask_remapped": Image, "depth/image": Image, "pedestrian/markers": MarkerArray},
-               feed=True)
+               feed=True, kill="depth_node")

@@ -11,6 +11,7 @@ from dynnet_ros.budget.monitors import MemorySnapshot, read_cgroup_memory, snaps
 from dynnet_ros.cli import main as cli_main
 from dynnet_ros.graph_config import (
     EXECUTABLES,
+    RespawnPolicy,
     default_config_path,
     graph_processes,
     load_graph,
@@ -78,10 +79,39 @@ def test_node_command_uses_params_file_and_remappings(tmp_path):
     ({"nodes": [{"name": "a", "executable": "lane_node", "sim": "yes"}]}, "'sim' must be"),
     ({"nodes": [{"name": "a", "executable": "lane_node", "remappings": {"/a": "not a topic"}}]}, "bad remapping"),
     ({"nodes": [], "extra": 1}, "unknown top-level"),
+    ({"nodes": [{"name": "a", "executable": "lane_node", "respawn": "yes"}]}, "'respawn' must be true or false"),
+    ({"nodes": [{"name": "a", "executable": "lane_node", "respawn_delay_s": -1}]}, "'respawn_delay_s' must be"),
+    ({"nodes": [{"name": "a", "executable": "lane_node", "respawn_delay_s": "1s"}]}, "'respawn_delay_s' must be"),
+    ({"nodes": [{"name": "a", "executable": "lane_node", "respawn_max_retries": 1.5}]}, "'respawn_max_retries'"),
+    ({"nodes": [{"name": "a", "executable": "lane_node", "respawn_max_retries": -1}]}, "'respawn_max_retries'"),
+    ({"nodes": [{"name": "a", "executable": "lane_node", "respawn_window_s": 0}]}, "'respawn_window_s' must be"),
+    ({"nodes": [{"name": "a", "executable": "lane_node", "respawn_delay_s": float("inf")}]}, "'respawn_delay_s'"),
 ])
 def test_bad_graph_configs_name_the_problem(data, reason):
     with pytest.raises(ValueError, match=reason):
         parse_graph(data, "cfg.yaml")
+
+
+def test_respawn_keys_reach_the_processes_and_default_to_on():
+    graph = parse_graph({"nodes": [
+        {"name": "lane_node", "executable": "lane_node"},
+        {"name": "depth_node", "executable": "depth_node", "respawn": False},
+        {"name": "sensor_sim", "executable": "sensor_sim", "respawn_delay_s": 0.2, "respawn_max_retries": 2,
+         "respawn_window_s": 30}]})
+    lane, depth, sim = graph_processes(graph)
+    assert lane.respawn == RespawnPolicy() and lane.respawn.enabled
+    assert not depth.respawn.enabled and depth.respawn.gives_up(1)
+    assert sim.respawn == RespawnPolicy(enabled=True, delay_s=0.2, max_retries=2, window_s=30.0)
+    # the delay doubles per crash within the window; the crash after max_retries restarts gives up
+    assert [sim.respawn.delay_after(n) for n in (1, 2)] == [0.2, 0.4]
+    assert [sim.respawn.gives_up(n) for n in (1, 2, 3)] == [False, False, True]
+    # respawn keys are node keys, never ROS parameters
+    assert "respawn" not in lane.params_file_data()["/**"]["ros__parameters"]
+
+
+def test_every_node_of_the_vehicle_graph_respawns():
+    graph = load_graph(default_config_path())
+    assert all(n.respawn.enabled and n.respawn.max_retries > 0 for n in graph.nodes)
 
 
 def test_load_graph_reports_missing_and_malformed_files(tmp_path):

@@ -28,7 +28,7 @@ def test_demo_writes_summary_and_plot(tmp_path):
     config = tmp_path / "graph.yaml"
     config.write_text(yaml.safe_dump(data, sort_keys=False))
     report = tmp_path / "report"
-    out = subprocess.run([sys.executable, "-m", "dynnet_ros.cli", "demo", "--duration", "12", "--report", str(report),
+    out = subprocess.run([sys.executable, "-m", "dynnet_ros.cli", "demo", "--duration", "20", "--report", str(report),
                           "--config", str(config), "--namespace", f"/demotest_{os.getpid()}"],
                          capture_output=True, text=True, timeout=200, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

@@ -19,6 +19,7 @@ import numpy as np
 import psutil
 import pytest
 import yaml
+from _waiting import wait_for as _wait_for
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.parameter import Parameter, parameter_value_to_python
 from rclpy.parameter_client import AsyncParameterClient
@@ -46,14 +47,8 @@ ALL_NODES = ("sensor_sim",) + MODEL_NODES + ("budget_manager",)
 pytestmark = pytest.mark.timeout(240)
 
 
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+def wait_for(predicate, timeout: float, what: str):
+    return _wait_for(predicate, timeout, what, interval=0.1)
 
 
 def stamp_key(header) -> tuple[int, int]:
@@ -465,13 +460,13 @@ def test_sigint_to_dynnet_up_leaves_no_child_alive(graph):
 
 def test_dynnet_up_fails_when_a_node_dies(tmp_path):
     config = tmp_path / "broken.yaml"
-    config.write_text(yaml.safe_dump({"nodes": [{"name": "lane_node", "executable": "lane_node",
+    config.write_text(yaml.safe_dump({"nodes": [{"name": "lane_node", "executable": "lane_node", "respawn": False,
                                                  "parameters": {"model_path": str(tmp_path / "nope.onnx")}}]}))
     out = subprocess.run([sys.executable, "-m", "dynnet_ros.cli", "up", "--config", str(config), "--duration", "60"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 1, out.stdout + out.stderr
     assert "model file not found" in out.stdout
-    assert "exited unexpectedly: lane_node (exit code 1)" in out.stderr
+    assert "lane_node exited with status 1; respawn is off, left down" in out.stderr
 
 
 def test_children_exit_when_dynnet_up_itself_is_killed(tmp_path):

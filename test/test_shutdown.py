@@ -13,10 +13,10 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 
 import pytest
 import yaml
+from _waiting import wait_for
 from diagnostic_msgs.msg import DiagnosticArray
 
 from dynnet_ros.commands.up import GraphRunner
@@ -125,15 +125,6 @@ class Reporters:
     def all_of(self, names) -> bool:
         with self.lock:
             return set(names) <= self.names
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def cycle_start_stop(graph, namespace: str, reporters: Reporters, first_names: tuple[str, ...], label: str) -> None:

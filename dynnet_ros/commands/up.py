@@ -6,6 +6,11 @@ group, output forwarded line by line with a `[name]` prefix. Ctrl-C/SIGTERM (or 
 stops them all with SIGINT; a node that needs SIGTERM or SIGKILL after a timeout makes the run a
 failure (exit status 1, the node named on stderr). Children
 also get SIGTERM from the kernel if `dynnet up` itself is killed (PR_SET_PDEATHSIG).
+
+A node that dies on its own (a crash, the kernel's OOM killer) is restarted under its
+RespawnPolicy while the others keep running; one that keeps crashing, has respawn off, or exits
+with status 0 unasked is left down, reported as an ERROR line (`[dynnet up] ERROR: ...`) and on
+stderr, and makes the run a failure.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -72,10 +77,24 @@ def _child_setup() -> None:  # runs in the child between fork and exec
 
 @dataclass
 class Child:
+    """One node's current process and its crash history (the process is replaced on a restart)."""
+
     node: ProcessSpec
+    argv: list[str]
     proc: subprocess.Popen
     reader: threading.Thread
+    crashes: list[float] = field(default_factory=list)  # monotonic times of crashes within the window
+    restart_at: float | None = None  # pending restart (monotonic time)
+    restarts: int = 0
 
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
 
 
 def stop_process_group(proc: subprocess.Popen, timeout: float = 30.0) -> int:
@@ -107,6 +126,8 @@ class GraphRunner:
         self.children: list[Child] = []
         self.stopping = False
         self.escalated: dict[str, str] = {}  # node -> SIGTERM/SIGKILL it needed after SIGINT (see stop)
+        self.left_down: dict[str, str] = {}  # node -> why the supervisor no longer restarts it
+        self._lock = threading.Lock()  # supervise() and stop() never interleave: no restart after a stop
         self._print_lock = threading.Lock()
         self._sink = sink or self._print
         self._tmp = tempfile.TemporaryDirectory(prefix="dynnet-up-")
@@ -136,11 +157,77 @@ class GraphRunner:
     def start(self) -> None:
         self.prepare_models()
         for node, cmd in self.commands():
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    env=self.env, text=True, bufsize=1, preexec_fn=_child_setup)
-            reader = threading.Thread(target=self._forward, args=(node.name, proc), daemon=True)
-            reader.start()
-            self.children.append(Child(node, proc, reader))
+            proc, reader = self._spawn(node.name, cmd)
+            self.children.append(Child(node, cmd, proc, reader))
+
+    def _spawn(self, name: str, cmd: list[str]) -> tuple[subprocess.Popen, threading.Thread]:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env=self.env, text=True, bufsize=1, preexec_fn=_child_setup)
+        reader = threading.Thread(target=self._forward, args=(name, proc), daemon=True)
+        reader.start()
+        return proc, reader
+
+    def _report(self, level: str, message: str) -> None:
+        """The supervisor's own line among the nodes' output; an ERROR also goes to stderr."""
+        self._sink("dynnet up", f"{level}: {message}")
+        if level == "ERROR":
+            print(f"dynnet up: {message}", file=sys.stderr, flush=True)
+
+    def supervise(self) -> None:
+        """One supervision step: note nodes that died, restart those whose delay has passed.
+
+        Call it periodically (`run` does, every 0.2 s); without it nothing is restarted.
+        """
+        with self._lock:
+            if self.stopping:
+                return
+            now = time.monotonic()
+            for child in self.children:
+                if child.node.name in self.left_down:
+                    continue
+                if child.restart_at is not None:
+                    if now >= child.restart_at:
+                        self._restart(child)
+                    continue
+                code = child.proc.poll()
+                if code is not None:
+                    self._on_exit(child, code, now)
+
+    def _on_exit(self, child: Child, code: int, now: float) -> None:
+        name, policy = child.node.name, child.node.respawn
+        try:  # what the node itself started goes with it
+            os.killpg(child.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if code == 0:
+            self._leave_down(name, "exited with status 0 without being asked to stop; not restarted")
+            return
+        child.crashes = [t for t in child.crashes if now - t < policy.window_s] + [now]
+        crashes = len(child.crashes)
+        if not policy.enabled:
+            self._leave_down(name, f"{describe_exit(code)}; respawn is off, left down")
+        elif policy.gives_up(crashes):
+            self._leave_down(name, f"{describe_exit(code)}; {crashes} crashes within {policy.window_s:g} s "
+                                   f"(respawn_max_retries {policy.max_retries}), left down")
+        else:
+            delay = policy.delay_after(crashes)
+            child.restart_at = now + delay
+            self._report("WARN", f"{name} {describe_exit(code)}; restarting in {delay:g} s "
+                                 f"(restart {crashes} of {policy.max_retries} within {policy.window_s:g} s)")
+
+    def _leave_down(self, name: str, reason: str) -> None:
+        self.left_down[name] = reason
+        self._report("ERROR", f"{name} {reason}")
+
+    def _restart(self, child: Child) -> None:
+        child.proc, child.reader = self._spawn(child.node.name, child.argv)
+        child.restart_at = None
+        child.restarts += 1
+        self._report("INFO", f"{child.node.name} restarted (pid {child.proc.pid})")
+
+    def all_down(self) -> bool:
+        """Every node is left down: nothing is serving and nothing will be restarted."""
+        return len(self.left_down) == len(self.children)
 
     def _forward(self, name: str, proc: subprocess.Popen) -> None:
         assert proc.stdout is not None
@@ -161,7 +248,8 @@ class GraphRunner:
         the last signal it needed): every node is expected to stop on the first SIGINT, so the
         escalation is a failure to report, not a routine step.
         """
-        self.stopping = True
+        with self._lock:
+            self.stopping = True
         for sig, timeout in ((signal.SIGINT, int_timeout), (signal.SIGTERM, term_timeout), (signal.SIGKILL, 5.0)):
             alive = [c for c in self.children if c.proc.poll() is None]
             if not alive:
@@ -244,11 +332,9 @@ def run(args: argparse.Namespace) -> int:
         deadline = None if args.duration is None else time.monotonic() + args.duration
         try:
             while not stop.event.is_set():
-                dead = runner.dead()
-                if dead:
-                    listing = ", ".join(f"{name} (exit code {code})" for name, code in dead)
-                    print(f"dynnet up: node(s) exited unexpectedly: {listing}; stopping the graph",
-                          file=sys.stderr, flush=True)
+                runner.supervise()
+                if runner.all_down():
+                    print("dynnet up: every node is down; stopping", file=sys.stderr, flush=True)
                     status = 1
                     break
                 if deadline is not None and time.monotonic() >= deadline:
@@ -258,6 +344,10 @@ def run(args: argparse.Namespace) -> int:
             codes = runner.stop()
     reason = "signal" if stop.signal is not None else "duration" if status == 0 else "failure"
     print(f"dynnet up: stopped ({reason}); exit codes {codes}", flush=True)
+    if runner.left_down:
+        listing = "; ".join(f"{name} {why}" for name, why in sorted(runner.left_down.items()))
+        print(f"dynnet up: failure: node(s) left down: {listing}", file=sys.stderr, flush=True)
+        status = 1
     if runner.escalated:
         listing = ", ".join(f"{name} ({sig})" for name, sig in sorted(runner.escalated.items()))
         print(f"dynnet up: failure: node(s) ignored SIGINT and had to be stopped with: {listing}",

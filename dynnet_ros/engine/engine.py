@@ -192,11 +192,17 @@ class Engine:
         (a size class not run yet) instead of the last run's. The same value in every process
         state; measured once per model and shapes in a child process, then cached."""
         checked = None if shapes is None else self._checked_shapes(shapes)
+        target = checked or self._shapes()
+        if target is not None:
+            self._swap.measure_ahead(target)  # outside the lock: frames keep running meanwhile
         with self._lock:
             return self._swap.min_budget_mb(self._executor, checked or self._shapes())
 
     def latency_table(self) -> list[tuple[float, float]]:
         """(budget MB, predicted latency ms) per precomputed budget level, increasing budget."""
+        shapes = self._shapes()
+        if shapes is not None:
+            self._swap.measure_ahead(shapes)  # outside the lock: frames keep running meanwhile
         with self._lock:
             return self._swap.latency_table(self._executor, self._shapes(), self._last_signature,
                                             self._last_latency_ms)

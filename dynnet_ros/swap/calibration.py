@@ -18,6 +18,7 @@ The process's RSS stays the node-level check (nodes/budget_control, the benchmar
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -96,11 +97,31 @@ def load_or_measure(weights: WeightFile, threads: int | None, shapes: Shapes,
 
     ValueError when the model cannot run at these shapes (the child's reason)."""
     path = calibration_path(weights, threads, shapes, root)
+    cached = _read(path)
+    if cached is not None:
+        return cached
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # One measuring child at a time on this machine: several engines starting together (a
+    # graph's first start) would otherwise run their children side by side on the same cores,
+    # each taking as long as all of them. The cache is read again once the lock is held: the
+    # process that held it may have measured this key.
+    with open(path.parent / ".measure.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cached = _read(path)
+        if cached is not None:
+            return cached
+        return _measure(path, weights, threads, shapes, timeout_s)
+
+
+def _read(path: Path) -> Calibration | None:
     try:
         return Calibration(**json.loads(path.read_text())["calibration"])
     except (OSError, ValueError, KeyError, TypeError):
-        pass  # missing or unreadable: measured again below
-    path.parent.mkdir(parents=True, exist_ok=True)
+        return None  # missing or unreadable: measured again
+
+
+def _measure(path: Path, weights: WeightFile, threads: int | None, shapes: Shapes, timeout_s: float) -> Calibration:
+    """Run the measuring child for ``shapes`` and store its result at ``path``."""
     request = {"weights": str(weights.directory), "threads": threads,
                "shapes": {name: list(shape) for name, shape in shapes.items()}}
     tmp = path.with_suffix(f".{os.getpid()}.tmp")

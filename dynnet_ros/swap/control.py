@@ -134,6 +134,22 @@ class SwapControl:
             self._calibrations[key] = load_or_measure(self._weight_file(), self.model.threads, shapes)
         return self._calibrations[key]
 
+    def measure_ahead(self, shapes: Shapes) -> None:
+        """Fill the on-disk calibration cache for ``shapes`` without changing this policy's
+        state: safe to call outside the engine's lock, so a size class is measured (a child
+        process, seconds) while frames keep running. Before the weight file exists there is
+        nothing to measure yet; the locked call builds it."""
+        if self.model.backend != "cpu":
+            return
+        streamed, weights = self.streamed, self._weights
+        if streamed is not None:
+            streamed.measure_ahead(shapes)
+        elif weights is not None:
+            try:
+                load_or_measure(weights, self.model.threads, shapes)
+            except ValueError:
+                pass  # reported by the locked call that follows
+
     # ------------------------------------------------------------------ policy
     def apply(self, budget_mb: float | None, current: Executor | None, *, in_force_mb: float | None,
               shapes: Shapes | None) -> Executor:

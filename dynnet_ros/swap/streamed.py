@@ -156,6 +156,7 @@ class StreamedExecutor:
         self._calibrations: dict[str, Calibration] = {}
         self._cal: Calibration | None = None  # at the input shapes in force
         self._shapes_key: str | None = None
+        self._pending_shapes: Shapes | None = None  # last run's shapes, measured on demand
         self._warned: set[str] = set()
         self._budget: int | None = None
         self._latency_ms: float | None = None
@@ -186,6 +187,15 @@ class StreamedExecutor:
             self._calibrations[key] = load_or_measure(self.file, self._threads, shapes, self._store_root)
         return self._calibrations[key]
 
+    def measure_ahead(self, shapes: Shapes) -> None:
+        """Fill the on-disk cache for ``shapes`` (a child process measures, seconds) without
+        touching this executor's state, so callers run it outside the engine's lock while frames
+        go on. A failure is left to the ``calibration`` call that follows, which reports it."""
+        try:
+            load_or_measure(self.file, self._threads, shapes, self._store_root)
+        except ValueError:
+            pass
+
     def calibrate(self, shapes: Shapes) -> None:
         """Judge budgets at ``shapes`` from now on; the window follows the footprint there."""
         key = shapes_key(shapes)
@@ -201,6 +211,9 @@ class StreamedExecutor:
         self._apply_allowance()
 
     def _calibrated(self) -> Calibration:
+        if self._pending_shapes is not None:
+            pending, self._pending_shapes = self._pending_shapes, None
+            self.calibrate(pending)
         if self._cal is None:
             raise RuntimeError("the streamed executor has no input shapes yet (calibrate first)")
         return self._cal
@@ -262,7 +275,13 @@ class StreamedExecutor:
 
     # ------------------------------------------------------------------ executor API
     def run(self, feeds, out=None):
-        self.calibrate({name: tuple(np.shape(value)) for name, value in feeds.items()})
+        shapes = {name: tuple(np.shape(value)) for name, value in feeds.items()}
+        if self._budget is None:
+            # every weight is resident and nothing is judged yet: the frame does not wait for a
+            # measurement; it is taken when a budget or the footprint is asked for
+            self._pending_shapes = None if shapes_key(shapes) == self._shapes_key else shapes
+        else:
+            self.calibrate(shapes)
         start = time.perf_counter()
         outputs = self.planned.run(feeds, out)
         ms = (time.perf_counter() - start) * 1e3

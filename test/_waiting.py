@@ -1,0 +1,17 @@
+"""Polling helper shared by the tests that watch real processes and topics."""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
+    """The first truthy value of ``predicate()`` within ``timeout`` seconds, else AssertionError
+    naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
