@@ -13,6 +13,7 @@ from launch.actions import DeclareLaunchArgument, OpaqueFunction, SetEnvironment
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
+from dynnet_ros.commands.size_classes import prepare_graph_models
 from dynnet_ros.graph_config import PACKAGE, default_config_path, graph_processes, load_graph
 from dynnet_ros.nodes.parameter_check import check_graph_parameters
 
@@ -43,13 +44,17 @@ def _nodes(context, *args, **kwargs):
     check_graph_parameters(graph, path)  # a bad value stops the launch here, naming file, node and parameter
     use_sim = LaunchConfiguration("use_sim").perform(context).strip().lower() == "true"
     namespace = LaunchConfiguration("namespace").perform(context).strip()
+    processes = graph_processes(graph, use_sim, namespace)
+    # each model's footprint per size class, measured one model at a time before the nodes start
+    # (seconds on a machine's first start, cached after): the nodes then serve at once
+    prepare_graph_models(processes, lambda message: print(f"[vehicle.launch.py] {message}", flush=True))
     return [
         Node(package=PACKAGE, executable=process.executable, name=process.name,
              namespace=process.namespace or None, output="screen",
              parameters=[process.parameters] if process.parameters else [], remappings=list(process.remappings),
              respawn=process.respawn.enabled, respawn_delay=process.respawn.delay_s,
              respawn_max_retries=process.respawn.max_retries)
-        for process in graph_processes(graph, use_sim, namespace)
+        for process in processes
     ]
 
 

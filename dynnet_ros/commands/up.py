@@ -30,6 +30,7 @@ from typing import Any, Callable
 import yaml
 
 from dynnet_ros.commands import CommandError
+from dynnet_ros.commands.size_classes import prepare_graph_models
 from dynnet_ros.graph_config import (
     GraphConfig,
     ProcessSpec,
@@ -40,12 +41,10 @@ from dynnet_ros.graph_config import (
     validate_namespace,
 )
 from dynnet_ros.nodes.parameter_check import check_graph_parameters
-from dynnet_ros.zoo import ensure_model
 
 NAME = "up"
 HELP = "start the vehicle graph (config/vehicle.yaml) as separate processes; Ctrl-C stops it"
 
-MODEL_TASKS = {"lane_node": "lane", "pedestrian_node": "pedestrian", "depth_node": "depth"}
 _PR_SET_PDEATHSIG = 1
 
 
@@ -138,12 +137,9 @@ class GraphRunner:
             sys.stdout.flush()
 
     def prepare_models(self) -> None:
-        """Build zoo models the graph uses once, before three nodes race to build them."""
-        tasks = [MODEL_TASKS[n.executable] for n in self.nodes
-                 if n.executable in MODEL_TASKS and not n.parameters.get("model_path")]
-        if tasks:
-            for task in tasks:
-                ensure_model(task)
+        """Build the zoo models the graph uses and measure each model's footprint at its size
+        classes, one model at a time, before the nodes race to do both at once."""
+        prepare_graph_models(self.nodes, lambda message: self._report("INFO", message))
 
     def commands(self) -> list[tuple[ProcessSpec, list[str]]]:
         """Each node's argv, its parameters written to the params file the argv names."""
