@@ -1,9 +1,16 @@
 # dynnet_ros — developer entry points. `make demo` and `make test` work on a fresh
-# Debian/Ubuntu machine with Python >= 3.11 and no ROS installed: they build .venv from
+# Debian/Ubuntu machine with Python 3.10-3.13 and no ROS installed: they build a venv from
 # PyPI (ROS 2 Kilted wheels included) and install this package editable.
+# `make PYTHON=python3.10 test` uses .venv-3.10 (one venv per interpreter; plain python3 keeps
+# .venv); .ci/python.sh finds the interpreter (PATH, else pyenv's installed versions).
 
 PYTHON ?= python3
-VENV   ?= .venv
+PYTHON_EXE := $(shell bash .ci/python.sh $(PYTHON))
+PYTHON_MM  := $(shell $(PYTHON_EXE) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+# ORT=1.17: requirements-ort1.17.txt's onnxruntime over the default pin, in a venv of its own
+ORT    ?=
+ORT_PINS := $(if $(ORT),requirements-ort$(ORT).txt)
+VENV   ?= $(if $(filter python3,$(PYTHON)),.venv,.venv-$(PYTHON_MM))$(if $(ORT),-ort$(ORT))
 PY     := $(VENV)/bin/python
 DEMO_DURATION ?= 30
 PYTEST_ARGS ?=
@@ -13,19 +20,23 @@ export ROS_AUTOMATIC_DISCOVERY_RANGE ?= LOCALHOST
 export RMW_IMPLEMENTATION ?= rmw_fastrtps_cpp
 export PYTHONDONTWRITEBYTECODE = 1
 
-.PHONY: venv zoo test lint demo bench colcon-check clean help
+.PHONY: venv zoo test test-subset lint demo bench colcon-check clean help
 
 help:
 	@echo "make demo   - build the venv and demo models, run the vehicle graph, write demo-report/"
 	@echo "make test   - build the venv and run the whole test suite"
+	@echo "make test-subset - the platform subset (tests marked 'subset'), e.g. make PYTHON=python3.10 test-subset"
 	@echo "make lint   - ruff and mypy (also part of make test)"
 	@echo "make bench  - run the benchmarks under bench/"
 
-$(VENV)/.stamp: requirements.txt requirements-dev.txt setup.py package.xml
-	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dynnet_ros needs Python >= 3.11 (onnxruntime 1.32 has no wheels for older ones); run: make PYTHON=python3.11 ...")'
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+$(VENV)/.stamp: requirements.txt requirements-dev.txt requirements-corpus.txt setup.py package.xml $(ORT_PINS)
+	@test -n "$(PYTHON_EXE)" || { echo "no runnable $(PYTHON) (PATH or pyenv); see .ci/python.sh"; exit 1; }
+	@$(PYTHON_EXE) -c 'import sys; sys.exit(0 if (3, 10) <= sys.version_info[:2] <= (3, 13) else "dynnet_ros supports Python 3.10-3.13 (README, Supported platforms); run: make PYTHON=python3.12 ...")'
+	test -x $(PY) || $(PYTHON_EXE) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=24"
 	$(PY) -m pip install --quiet -r requirements-dev.txt
+	$(if $(ORT_PINS),$(PY) -m pip install --quiet -r $(ORT_PINS))
+	$(PY) -m pip install --quiet --no-deps -r requirements-corpus.txt
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
@@ -47,6 +58,11 @@ zoo: venv
 
 test: venv $(LAUNCH_STAMP)
 	$(PY) -m pytest test $(PYTEST_ARGS)
+
+# What .ci/run repeats on every supported interpreter: package import, engine vs onnxruntime on
+# every zoo model at two shapes, an RDP conformance sample, one ROS graph test (marker in conftest).
+test-subset: venv
+	$(PY) -m pytest test -m subset $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check dynnet_ros test bench launch setup.py

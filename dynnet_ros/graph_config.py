@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 import re
 import sys
-from dataclasses import dataclass, field
+import threading
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -255,3 +256,41 @@ def node_command(process: ProcessSpec, params_file: str | Path, python: str = sy
     for src, dst in process.remappings:
         cmd += ["-r", f"{src}:={dst}"]
     return cmd
+
+
+class RuntimeParameters:
+    """Parameter values set on the graph's nodes while it runs, kept for their restarts.
+
+    Why: a restarted process starts from its command line, i.e. the config's values, so a
+    user's ``ros2 param set`` (a threshold, a model_path) or the budget manager's last budget
+    would silently revert. The supervisor records each change its node sees on
+    /parameter_events (fully qualified node names) and restarts a node with them on top of the
+    config's parameters (``restart_spec``). Thread-safe: the ROS thread records, the supervisor reads.
+    """
+
+    def __init__(self) -> None:
+        self._values: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def record(self, node: str, name: str, value: Any) -> bool:
+        """Keep ``value`` for ``node``'s parameter ``name``; True when it differs from what was kept."""
+        value = list(value) if isinstance(value, (list, tuple)) else value
+        with self._lock:
+            kept = self._values.setdefault(node, {})
+            changed = name not in kept or kept[name] != value
+            kept[name] = value
+            return changed
+
+    def for_node(self, node: str) -> dict[str, Any]:
+        with self._lock:
+            return dict(self._values.get(node, {}))
+
+
+def fq_node_name(process: ProcessSpec) -> str:
+    """The node's fully qualified ROS name (what /parameter_events and profiles carry)."""
+    return f"{process.namespace}/{process.name}"
+
+
+def restart_spec(process: ProcessSpec, overrides: dict[str, Any]) -> ProcessSpec:
+    """``process`` with ``overrides`` (values set at run time) on top of its config's parameters."""
+    return replace(process, parameters={**process.parameters, **overrides})

@@ -46,6 +46,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("DYNNET_LAYOUT_DIR", "path", "`~/.cache/dynnet_ros/layout`",
              "onnxruntime's blocked-layout rewrite of each model, and onnx-checker verdicts (`checked/`)"),
     Variable("DYNNET_SWAP_DIR", "path", "`~/.cache/dynnet_ros/swap`", "streamed weight files"),
+    Variable("DYNNET_MAP_DIR", "path", "`~/.cache/dynnet_ros/map`", "`dynnet map profile` measurements"),
     Variable("DYNNET_PLAN_PROFILE", "choice", "`memory`",
              "planner profile of the `cpu` backend: `memory` (least peak) or `balanced` (fewer, larger sessions)"),
     Variable("DYNNET_TRT_PRECISION", "choice", "`fp32`",
@@ -71,6 +72,7 @@ class CacheSettings:
     zoo_dir: Path
     layout_dir: Path
     swap_dir: Path
+    map_dir: Path
 
 
 @dataclass(frozen=True)
@@ -166,7 +168,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     return Settings(
         cache=CacheSettings(zoo_dir=read.path("DYNNET_ZOO_DIR", home / "zoo"),
                             layout_dir=read.path("DYNNET_LAYOUT_DIR", home / "layout"),
-                            swap_dir=read.path("DYNNET_SWAP_DIR", home / "swap")),
+                            swap_dir=read.path("DYNNET_SWAP_DIR", home / "swap"),
+                            map_dir=read.path("DYNNET_MAP_DIR", home / "map")),
         planner=PlannerSettings(profile=read.choice("DYNNET_PLAN_PROFILE", PLAN_PROFILES, "memory")),
         tensorrt=TensorRTSettings(
             precision=read.choice("DYNNET_TRT_PRECISION", TRT_PRECISIONS, "fp32"),

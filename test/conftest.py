@@ -10,3 +10,8 @@ if "DYNNET_TEST_DOMAIN_ID" not in os.environ:
     # Valid ids 0..101 (with LOCALHOST participants); pick one per pytest run.
     os.environ["DYNNET_TEST_DOMAIN_ID"] = str(random.Random(os.getpid()).randint(10, 100))
 os.environ["ROS_DOMAIN_ID"] = os.environ["DYNNET_TEST_DOMAIN_ID"]
+
+
+def pytest_configure(config):
+    # `make test-subset` / .ci/run select these on every supported Python (README, Supported platforms)
+    config.addinivalue_line("markers", "subset: the platform subset run on every supported interpreter")

@@ -31,10 +31,14 @@ from dynnet_ros import cli
 from dynnet_ros.commands import arguments
 
 REPO = Path(__file__).resolve().parents[1]
-CACHES = ("DYNNET_ZOO_DIR", "DYNNET_LAYOUT_DIR", "DYNNET_SWAP_DIR")
+CACHES = ("DYNNET_ZOO_DIR", "DYNNET_LAYOUT_DIR", "DYNNET_SWAP_DIR", "DYNNET_MAP_DIR")
 
 # Placeholders in CASES, replaced by files the fixture writes.
 TINY, EMPTY, TEXT, A_DIR, A_FILE = "<tiny.onnx>", "<empty.onnx>", "<text.onnx>", "<dir>", "<file>"
+# mapper files with one mistake each: partitions with a P not summing to 1 or an I reading a later stage,
+# mappings naming those partitions or a unit the hardware lacks
+BAD_P, BAD_I = "<bad_p.yaml>", "<bad_i.yaml>"
+BAD_P_MAP, BAD_I_MAP, BAD_UNIT = "<bad_p_map.yaml>", "<bad_i_map.yaml>", "<bad_unit.yaml>"
 
 #: sub-command -> (arguments, a substring the error line must contain)
 CASES: dict[str, list[tuple[list[str], str]]] = {
@@ -66,6 +70,56 @@ CASES: dict[str, list[tuple[list[str], str]]] = {
         (["--duration", "1", "--namespace", "1bad"], "argument --namespace"),
         (["--duration", "1", "--report", A_FILE], "not a directory"),
     ],
+    "dynnet map run": [
+        ([TINY, "--mapping", BAD_UNIT], "has no unit 'npu0'"),
+        ([TINY, "--mapping", BAD_P_MAP], "must sum to 1"),
+        ([TINY, "--mapping", BAD_I_MAP], "features from later stage 1"),
+        ([TINY, "--mapping", "missing.yaml"], "no such file"),
+        ([TINY], "--mapping"),
+        ([TINY, "--mapping", BAD_UNIT, "--size", "100x100"], "multiples of 32"),
+    ],
+    "dynnet map profile": [
+        ([], "give a MODEL to measure, or --import FILE"),
+        ([TINY, "--import", A_FILE], "not both"),
+        (["--import", "missing.csv"], "cannot read it"),
+        (["--import", "x.json"], "needs its unit"),
+        (["--import", A_FILE, "--hw", "no-such-board"], "unknown hardware"),
+    ],
+    "dynnet map search": [
+        ([], "give either a MODEL or --profile"),
+        (["--profile", "missing.csv"], "cannot read it"),
+        (["--profile", A_FILE], "header lacks"),
+        ([TINY, "--width", "9"], "a width split needs 2 to"),
+        (["--profile", A_FILE, "--max-accuracy-drop", "2"], "argument --max-accuracy-drop"),
+        (["--profile", A_FILE, "--prefer", "speed"], "argument --prefer"),
+        (["--profile", A_FILE, "--memory-mb", "npu=10"], "has no unit 'npu'"),
+        (["--profile", A_FILE, "--memory-mb", "cpu0=x"], "--memory-mb cpu0=x"),
+    ],
+    "dynnet map show": [
+        ([], "give the JSON file"),
+        (["missing.json"], "no such file"),
+        ([A_FILE], "not JSON"),
+        ([BAD_UNIT], "not JSON"),
+    ],
+    "dynnet map stages": [
+        ([TINY, "--out", A_FILE], "not a directory"),
+        ([TINY, "--out", "o", "--partition", "missing.yaml"], "no such file"),
+        ([TINY, "--out", "o", "--partition", BAD_P], "must sum to 1"),
+        ([TINY, "--out", "o", "--partition", BAD_I], "features from later stage 1"),
+        ([TINY], "--out"),
+        (["zoo:nope", "--out", "o"], "unknown zoo model"),
+    ],
+    "dynnet infer": [
+        ([EMPTY, A_FILE], "argument model"),
+        (["zoo:nope", A_FILE], "unknown zoo model"),
+        ([TINY, "missing.png"], "no such file"),
+        ([TINY], "give at least one IMAGE"),
+        ([TINY, A_FILE], "not a readable image"),
+        ([TINY, A_FILE, "--model-format", "yolov8"], "fits no detect, segment or depth format named 'yolov8'"),
+        ([TINY, A_FILE, "--mean", "1,2"], "argument --mean"),
+        ([TINY, A_FILE, "--task", "classify"], "argument --task"),
+        ([TINY, A_FILE, "--json", A_DIR], "is a directory"),
+    ],
     "dynnet plan": [
         ([TINY, "--input-shape", "image=1x3x32"], "rank 4"),
         ([TINY, "--input-shape", "image=2x3x32x32"], "fixed at 1"),
@@ -95,6 +149,7 @@ CASES: dict[str, list[tuple[list[str], str]]] = {
         (["--duration", "0"], "--duration"),
         (["--duration", "1", "--config", "missing.yaml"], "not found"),
         (["--duration", "1", "--namespace", "1bad"], "namespace"),
+        (["--duration", "1", "--memory-root", A_FILE], "no such directory"),
     ],
     "dynnet zoo build": [
         (["--out", A_FILE], "not a directory"),
@@ -109,7 +164,7 @@ CASES: dict[str, list[tuple[list[str], str]]] = {
 
 #: bad values for the argument types, by type (generic cases)
 BAD_VALUES = {arguments.positive_int: "0", arguments.nonnegative_int: "-1", arguments.positive_float: "-1",
-              arguments.model_spec: EMPTY, arguments.output_file: "no-such-dir/out.json"}
+              arguments.model_spec: EMPTY, arguments.output_file: "no-such-dir/out.json", arguments.fraction: "1.5"}
 
 
 def _leaves() -> dict[str, argparse.ArgumentParser]:
@@ -138,8 +193,14 @@ def files(tmp_path, monkeypatch):
     (work / "text.onnx").write_text("not a model\n")
     (work / "a_dir").mkdir()
     (work / "a_file").write_text("x\n")
+    (work / "bad_p.yaml").write_text("width: {stages: 2, P: [0.5, 0.6]}\n")
+    (work / "bad_i.yaml").write_text("width: {stages: 2, P: [0.5, 0.5], I: [[0, 1], [0, 0]]}\n")
+    (work / "bad_p_map.yaml").write_text("partition: bad_p.yaml\nstages: [cpu0]\n")
+    (work / "bad_i_map.yaml").write_text("partition: bad_i.yaml\nstages: [cpu0]\n")
+    (work / "bad_unit.yaml").write_text("hardware: this-machine\nstages: [{unit: npu0}]\n")
     return {TINY: "tiny.onnx", EMPTY: "empty.onnx", TEXT: "text.onnx", A_DIR: "a_dir", A_FILE: "a_file",
-            "cache": tmp_path / "cache"}
+            BAD_P: "bad_p.yaml", BAD_I: "bad_i.yaml", BAD_P_MAP: "bad_p_map.yaml", BAD_I_MAP: "bad_i_map.yaml",
+            BAD_UNIT: "bad_unit.yaml", "cache": tmp_path / "cache"}
 
 
 def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:

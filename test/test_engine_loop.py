@@ -8,6 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from dynnet_ros.engine import Engine
+from dynnet_ros.engine.backends import cpu_planned
 from dynnet_ros.engine.plan.executor import PlannedExecutor
 from dynnet_ros.engine.plan.loop import LoopRunner
 from dynnet_ros.engine.plan.options import PlannerOptions
@@ -120,6 +121,13 @@ def nested() -> onnx.ModelProto:
                   ["y"], inits=[_const("M3", np.int64(3)), _const("zero", np.float32(0))])
     return _model([helper.make_node("Loop", ["M", "", "x"], ["y"], body=outer)], [X],
                   [helper.make_tensor_value_info("y", F, [None, None])], [_const("M", np.int64(4))])
+
+
+@pytest.fixture(autouse=True)
+def _always_planned(monkeypatch):
+    """These models are too small for any cut to save memory, so the cost model would run them as
+    one plain session; the planner's Loop runner is what these tests check, so it always plans."""
+    monkeypatch.setattr(cpu_planned, "plan_profile", lambda: {"cost_model": False})
 
 
 def _loop_runners(engine: Engine) -> list[LoopRunner]:
@@ -254,7 +262,7 @@ def test_unplannable_body_falls_back_to_onnxruntime_loop():
         assert _loop_runners(engine) == []
     finally:
         engine.close()
-    executor = PlannedExecutor(growing(), PlannerOptions(threads=1, plan_branches=False))
+    executor = PlannedExecutor(growing(), PlannerOptions(threads=1, plan_branches=False, cost_model=False))
     try:
         assert executor.branch_runners == {}
         feeds = _x(5, 3)

@@ -46,6 +46,7 @@ def engines():
         engine.close()
 
 
+@pytest.mark.subset
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_zoo_outputs_equal_onnxruntime_across_shapes(engines, name):
     engine = engines[name]

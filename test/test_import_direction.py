@@ -24,10 +24,12 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1] / "dynnet_ros"
 LAYERS: dict[str, int] = {
     "dynnet_ros.settings": 0,
     "dynnet_ros.units": 0,
+    "dynnet_ros.hostcaps": 0,
     "dynnet_ros.memory": 0,
     "dynnet_ros.engine.procmem": 0,
     "dynnet_ros.engine.memtrim": 0,
     "dynnet_ros.engine.model_io": 1,
+    "dynnet_ros.engine.ort_features": 1,
     "dynnet_ros.engine.feeds": 1,
     "dynnet_ros.engine.plan.loader": 1,
     "dynnet_ros.engine.plan.model_check": 1,

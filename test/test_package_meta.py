@@ -48,6 +48,8 @@ PYTHON_DEPENDENCIES = {
     "onnxruntime": PythonDependency("python3-onnxruntime-pip", "onnxruntime"),
     "rich": PythonDependency("python3-rich", "rich"),
     "matplotlib": PythonDependency("python3-matplotlib", "matplotlib"),
+    "pymoo": PythonDependency("python3-pymoo-pip", "pymoo"),  # no key in rosdistro: rosdep/dynnet_ros.yaml
+    "xgboost": PythonDependency("python3-xgboost-cpu-pip", "xgboost-cpu"),  # the same
 }
 # Imported only by the tests: the rosdep key package.xml lists as a test_depend.
 TEST_KEYS = {"pytest": "python3-pytest", "hypothesis": "python3-hypothesis", "catkin_pkg": "python3-catkin-pkg"}

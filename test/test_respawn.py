@@ -12,27 +12,23 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
+from _up import Up
 from _waiting import wait_for
 from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import Image
 from visualization_msgs.msg import MarkerArray
 
-from dynnet_ros.commands.up import stop_process_group
 from dynnet_ros.graph_config import default_config_path, parse_graph
 from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.zoo import ensure_model
 
 pytestmark = pytest.mark.timeout(600)
 
-REPO = Path(__file__).resolve().parents[1]
 NS = f"/respawn_{os.getpid()}"
 CRASH_RETRIES = 2
 CRASH_DELAY_S = 0.25
@@ -62,51 +58,6 @@ def respawn_graph(path: Path) -> Path:
     return path
 
 
-class Up:
-    """`dynnet up` in its own session, stdout and stderr collected apart."""
-
-    def __init__(self, config: Path) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "dynnet_ros.cli", "up", "--config", str(config),
-                                      "--namespace", NS], cwd=REPO, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self.out: list[str] = []
-        self.err: list[str] = []
-        self._readers = [threading.Thread(target=self._read, args=(stream, lines), daemon=True)
-                         for stream, lines in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
-        for reader in self._readers:
-            reader.start()
-
-    @staticmethod
-    def _read(stream, lines: list[str]) -> None:
-        for line in stream:
-            lines.append(line.rstrip("\n"))
-
-    def supervisor(self, level: str, node: str) -> list[str]:
-        """The supervisor's own lines of ``level`` about ``node``."""
-        prefix = f"[dynnet up] {level}: {node} "
-        return [line for line in list(self.out) if line.startswith(prefix)]
-
-    def pid(self, node: str) -> int | None:
-        module = f"dynnet_ros.nodes.{node}"
-        for child in psutil.Process(self.proc.pid).children():
-            try:
-                if module in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
-                    return child.pid
-            except psutil.NoSuchProcess:
-                continue
-        return None
-
-    def log(self) -> str:
-        return "\n".join(self.out[-120:] + ["--- stderr ---"] + self.err[-40:])
-
-    def stop(self) -> int:
-        code = stop_process_group(self.proc, timeout=60.0)
-        for reader in self._readers:
-            reader.join(timeout=5.0)
-        return code
-
-
 class Counter:
     """Messages per topic, seen by a node of the test's own."""
 
@@ -134,7 +85,7 @@ def test_a_killed_node_comes_back_and_a_crash_loop_stops_at_its_limit(tmp_path):
         ensure_model(task)
     config = respawn_graph(tmp_path / "vehicle.yaml")
     seen = Counter({"pedestrian/markers": MarkerArray, "depth/image": Image})
-    up = Up(config)
+    up = Up(config, NS)
     try:
         wait_for(lambda: (seen["pedestrian/markers"] and seen["depth/image"]) or up.proc.poll() is not None,
                  240, "pedestrian and depth outputs")

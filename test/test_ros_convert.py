@@ -9,17 +9,10 @@ from sensor_msgs.msg import Image, PointCloud2, PointField
 
 from dynnet_ros.graph_config import default_config_path, load_graph
 from dynnet_ros.nodes import scene
-from dynnet_ros.nodes.convert import array_to_image, cloud_to_xyzi, image_to_array, image_to_rgb_float, xyzi_to_cloud
-from dynnet_ros.nodes.geometry import (
-    extrinsic_matrix,
-    matrix_to_rpy,
-    plan_letterbox,
-    project_depth,
-    resize_bilinear,
-    rpy_to_matrix,
-    transform_points,
-    validate_intrinsics,
-)
+from dynnet_ros.nodes.convert import array_to_image, cloud_to_xyzi, image_to_array, image_to_rgb8, xyzi_to_cloud
+from dynnet_ros.nodes.geometry import extrinsic_matrix, matrix_to_rpy, rpy_to_matrix, transform_points
+from dynnet_ros.perception.letterbox import Letterbox, plan_letterbox, resize_bilinear
+from dynnet_ros.perception.projection import project_depth, validate_intrinsics
 
 RNG = np.random.default_rng(7)
 
@@ -66,14 +59,23 @@ def test_big_endian_flag_is_honoured():
     np.testing.assert_array_equal(image_to_array(little), array)
 
 
-def test_bgr_and_rgb_give_the_same_model_input():
+def test_every_encoding_gives_the_rgb8_frame_the_cores_take():
     rgb = (RNG.random((4, 6, 3)) * 255).astype(np.uint8)
-    from_rgb = image_to_rgb_float(array_to_image(rgb, "rgb8"))
-    from_bgr = image_to_rgb_float(array_to_image(rgb[:, :, ::-1], "bgr8"))
-    np.testing.assert_allclose(from_rgb, from_bgr)
-    np.testing.assert_allclose(from_rgb[..., 0], rgb[..., 0] / 255.0, rtol=1e-6)
-    mono = image_to_rgb_float(array_to_image(rgb[..., 1], "mono8"))
-    assert mono.shape == (4, 6, 3) and np.allclose(mono[..., 0], mono[..., 2])
+    msg = array_to_image(rgb, "rgb8")
+    from_rgb = image_to_rgb8(msg)
+    np.testing.assert_array_equal(from_rgb, rgb)
+    assert np.shares_memory(from_rgb, np.frombuffer(msg.data, dtype=np.uint8))  # no copy for rgb8
+    np.testing.assert_array_equal(image_to_rgb8(array_to_image(rgb[:, :, ::-1], "bgr8")), rgb)
+    alpha = np.concatenate([rgb, np.full((4, 6, 1), 7, np.uint8)], axis=2)
+    np.testing.assert_array_equal(image_to_rgb8(array_to_image(alpha, "rgba8")), rgb)
+    np.testing.assert_array_equal(image_to_rgb8(array_to_image(alpha[:, :, [2, 1, 0, 3]], "bgra8")), rgb)
+    grey = rgb[..., 1]
+    for encoding, value in (("mono8", grey), ("mono16", grey.astype(np.uint16) * 257),
+                            ("32FC1", grey.astype(np.float32) / 255.0)):
+        out = image_to_rgb8(array_to_image(value, encoding))
+        assert out.dtype == np.uint8 and out.shape == (4, 6, 3), encoding
+        np.testing.assert_array_equal(out[..., 0], grey, err_msg=encoding)
+        np.testing.assert_array_equal(out[..., 2], grey, err_msg=encoding)
 
 
 @pytest.mark.parametrize("mutate,reason", [
@@ -92,7 +94,7 @@ def test_bad_images_raise_with_reason(mutate, reason):
 def test_nan_float_image_is_rejected():
     msg = array_to_image(np.full((3, 4), np.nan, np.float32), "32FC1")
     with pytest.raises(ValueError, match="NaN"):
-        image_to_rgb_float(msg)
+        image_to_rgb8(msg)
 
 
 def test_array_to_image_rejects_wrong_channels():
@@ -155,6 +157,12 @@ def test_bad_clouds_raise_with_reason(mutate, reason):
 
 # ----------------------------------------------------------------------------- letterbox
 
+def zoo_letterbox(height: int, width: int, max_side: int) -> Letterbox:
+    """How the zoo formats place a frame: shrink to fit ``max_side`` (0: keep), pad right/bottom."""
+    return plan_letterbox(height, width, target=(max_side, max_side) if max_side else None, multiple=32,
+                          scaleup=False)
+
+
 @pytest.mark.parametrize("size,max_side,expected_input,expected_new", [
     ((240, 320), 640, (256, 320), (240, 320)),
     ((480, 640), 640, (480, 640), (480, 640)),
@@ -163,7 +171,7 @@ def test_bad_clouds_raise_with_reason(mutate, reason):
     ((100, 33), 0, (128, 64), (100, 33)),
 ])
 def test_letterbox_sizes_are_multiples_of_32(size, max_side, expected_input, expected_new):
-    lb = plan_letterbox(*size, multiple=32, max_side=max_side)
+    lb = zoo_letterbox(*size, max_side=max_side)
     assert lb.input_shape == expected_input
     assert (lb.new_h, lb.new_w) == expected_new
     assert lb.pad_h % 32 == 0 and lb.pad_w % 32 == 0
@@ -171,15 +179,15 @@ def test_letterbox_sizes_are_multiples_of_32(size, max_side, expected_input, exp
 
 def test_letterbox_maps_results_back_to_camera_pixels():
     h, w = 720, 1280
-    lb = plan_letterbox(h, w, max_side=640)
+    lb = zoo_letterbox(h, w, max_side=640)
+    assert (lb.top, lb.left, lb.new_h, lb.pad_h) == (0, 0, 360, 384)  # padding only at the bottom
     yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
-    smooth = np.stack([xx / w, yy / h, np.full_like(xx, 0.5)], axis=-1)
-    model_in = lb.apply(smooth, pad_value=-1.0)
-    assert model_in.shape == (384, 640, 3)
-    assert np.all(model_in[360:] == -1.0)  # padding only at the bottom
-    back = lb.to_source(model_in[..., 0])
+    smooth = xx / w
+    model_map = np.full((lb.pad_h, lb.pad_w), -1.0, np.float32)
+    model_map[: lb.new_h, : lb.new_w] = resize_bilinear(smooth, lb.new_h, lb.new_w)
+    back = lb.to_source(model_map)
     assert back.shape == (h, w)
-    assert np.abs(back - smooth[..., 0]).max() < 3.0 / w
+    assert np.abs(back - smooth).max() < 3.0 / w
     # a box around camera pixels (100..300, 50..150) in model coordinates maps back exactly
     boxes = np.array([[100 * lb.scale, 50 * lb.scale, 300 * lb.scale, 150 * lb.scale],
                       [-5, -5, 5000, 5000]], np.float32)
@@ -190,7 +198,7 @@ def test_letterbox_maps_results_back_to_camera_pixels():
 
 def test_scaled_intrinsics_project_like_a_resized_image():
     k = scene.camera_matrix(1280, 720)
-    lb = plan_letterbox(720, 1280, max_side=640)
+    lb = zoo_letterbox(720, 1280, max_side=640)
     ks = lb.scale_intrinsics(k)
     point = np.array([1.3, -0.4, 7.0])
     u, v = (k @ point)[:2] / point[2]

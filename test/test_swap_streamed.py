@@ -208,9 +208,10 @@ def test_a_model_without_the_blocked_layout_streams_the_model_as_given(tmp_path)
     want = reference.run(names, {"x": x})
     engine = Engine(path, threads=1)
     check_equal(engine.run({"x": x}), want, names)
+    in_memory = engine.engine_stats().executor   # the planned engine, or one session where cuts save nothing
     with pytest.raises(ValueError, match="below this model's minimum"):
         engine.set_memory_budget(1.0)  # refused before anything is built: still in memory
-    assert engine.memory_budget_mb is None and engine.engine_stats().executor == "cpu-planned"
+    assert engine.memory_budget_mb is None and engine.engine_stats().executor == in_memory
     engine.set_memory_budget(engine.latency_table()[-1][0] * 0.999)
     _streams_within_budget(engine, {"x": x}, want, names)
     engine.close()

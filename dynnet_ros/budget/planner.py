@@ -7,8 +7,9 @@ and reports the outcome back (accepted, or rejected with the node's reason).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from dynnet_ros.budget.oom import OomAction, OomPolicy, oom_action
 from dynnet_ros.budget.policy import (
     Allocation,
     Hysteresis,
@@ -18,7 +19,7 @@ from dynnet_ros.budget.policy import (
     apply_hysteresis,
     dnn_pool_mb,
 )
-from dynnet_ros.budget.protocol import BudgetReport, ModelProfile, NodeBudgetReport
+from dynnet_ros.budget.protocol import BudgetReport, ModelProfile, NodeBudgetReport, OomReport
 from dynnet_ros.budget.sources import MemoryReading
 
 
@@ -57,6 +58,7 @@ class ManagerConfig:
     push_timeout_s: float = 5.0        # a parameter call unanswered this long may be retried
     retry_factor: float = 1.25         # after a rejection, the next offer is at least this × larger
     default_priority: float = 1.0      # for model nodes that publish profiles but are not configured
+    oom: OomPolicy = field(default_factory=OomPolicy)  # the answer to an OOM kill of a model node
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.rate_hz) and self.rate_hz > 0):
@@ -82,6 +84,8 @@ class _NodeState:
     floor_mb: float = 0.0                  # learned from rejections
     floor_for_min: float | None = None     # the profile min the floor was learned against
     last_error: str | None = None
+    oom: OomAction | None = None           # the cap after the node's last OOM kill, while it holds
+    oom_event: int | None = None           # the supervisor's number for that kill
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,40 @@ class BudgetPlanner:
         state = self._nodes.setdefault(node, _NodeState())
         state.pending = None
 
+    def record_oom(self, node: str, now_s: float, evidence: str, event: int | None = None) -> OomAction:
+        """``node`` was OOM-killed: cap its budget below what it had (OomPolicy) and re-plan now.
+
+        Called before the node returns, so its first budget already fits under the cap.
+        """
+        state = self._nodes.setdefault(node, _NodeState())
+        held = state.profile.held_mb if state.profile is not None else None
+        configured = {n.name: n for n in self.config.nodes}.get(node)
+        floor = max(configured.min_mb if configured else 0.0, state.floor_mb,
+                    (state.profile.size_min_mb() or 0.0) if state.profile is not None else 0.0)
+        # a second kill while capped cuts from the cap, not from the memory before the first
+        budget = state.applied_mb if state.oom is None or state.oom.cap_mb is None \
+            else min(state.applied_mb or math.inf, state.oom.cap_mb)
+        action = oom_action(node, now_s, evidence, budget_mb=budget, held_mb=held, min_mb=floor,
+                            policy=self.config.oom)
+        if state.oom is not None and now_s < state.oom.until_s:  # reserve additions add up
+            action = replace(action, reserve_add_mb=action.reserve_add_mb + state.oom.reserve_add_mb)
+        state.oom, state.oom_event, state.pending = action, event, None
+        if action.start_budget_mb is not None:
+            state.applied_mb, state.applied_s = action.start_budget_mb, now_s
+        self._dirty = f"OOM kill of {node}"
+        return action
+
+    def oom_reports(self, now_s: float) -> list[OomReport]:
+        """The OOM caps in force (forgetting those whose hold has passed), by node name."""
+        active = []
+        for name, state in sorted(self._nodes.items()):
+            if state.oom is not None and now_s >= state.oom.until_s:
+                state.oom = None
+                self._dirty = self._dirty or f"OOM cap of {name} lifted"
+            if state.oom is not None:
+                active.append(OomReport.from_action(state.oom, now_s, state.oom_event))
+        return active
+
     def applied_mb(self, node: str) -> float | None:
         state = self._nodes.get(node)
         return state.applied_mb if state else None
@@ -182,6 +220,8 @@ class BudgetPlanner:
             hi = cfg.max_mb
             if profile.full_mb is not None:
                 hi = min(hi, profile.full_mb)
+            if state.oom is not None and state.oom.cap_mb is not None:
+                hi = min(hi, state.oom.cap_mb)
             specs.append(NodeSpec(name, cfg.priority, lo, max(lo, hi), profile.table))
         return specs
 
@@ -197,9 +237,13 @@ class BudgetPlanner:
         return total
 
     def evaluate(self, reading: MemoryReading, now_s: float, reason: str = "periodic") -> Evaluation:
+        ooms = self.oom_reports(now_s)
         specs = self.specs(now_s)
         held = self.held_mb(now_s)
-        total = dnn_pool_mb(reading.available_mb, held, self.config.pool, reading.gpu_shared_mb)
+        pool = self.config.pool
+        if ooms:  # memory an OOM kill showed missing is kept out of the pool while the cap holds
+            pool = replace(pool, reserve_mb=pool.reserve_mb + sum(o.reserve_add_mb for o in ooms))
+        total = dnn_pool_mb(reading.available_mb, held, pool, reading.gpu_shared_mb)
         # nodes still waiting for their first frame keep what they hold: it is not the others' to split
         alloc = allocate(max(0.0, total - self.held_mb(now_s, waiting_only=True)), specs)
         bounds = {s.name: (s.min_mb, s.max_mb) for s in specs}
@@ -226,9 +270,10 @@ class BudgetPlanner:
                 held_mb=state.profile.held_mb if state.profile else None, last_error=state.last_error,
                 starved=spec.name in alloc.starved)
         report = BudgetReport(stamp=now_s, source=reading.source, available_mb=reading.available_mb,
-                              held_mb=held, reserve_mb=self.config.pool.reserve_mb, total_mb=alloc.total_mb,
+                              held_mb=held, reserve_mb=pool.reserve_mb, total_mb=alloc.total_mb,
                               pressure=alloc.pressure, infeasible=alloc.infeasible, reason=reason,
-                              nodes=nodes, starved=list(alloc.starved), waiting=self.waiting(now_s))
+                              nodes=nodes, starved=list(alloc.starved), waiting=self.waiting(now_s),
+                              oom_kills=ooms)
         return Evaluation(report, alloc, pushes)
 
 

@@ -9,10 +9,14 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 
+from dynnet_ros.budget.oom import OomAction
+
 # Relative names: a graph started in a namespace (`dynnet up --namespace`) keeps its model nodes
 # and its manager talking to each other, and to nobody else.
 PROFILES_TOPIC = "dynnet/model_profiles"
 BUDGETS_TOPIC = "dynnet/budgets"
+#: a launcher's supervisor -> the budget manager: a node died (and whether memory killed it)
+NODE_EVENTS_TOPIC = "dynnet/node_events"
 BUDGET_PARAM = "memory_budget_mb"
 PROTOCOL_VERSION = 1
 
@@ -132,6 +136,76 @@ class NodeBudgetReport:
 
 
 @dataclass(frozen=True)
+class OomReport:
+    """One OOM cap in force, as /dynnet/budgets reports it (``event`` names the NodeEvent it answers)."""
+
+    node: str
+    cap_mb: float | None
+    reserve_add_mb: float
+    start_budget_mb: float | None
+    reference_mb: float | None
+    evidence: str
+    remaining_s: float
+    event: int | None = None
+
+    @classmethod
+    def from_action(cls, action: OomAction, now_s: float, event: int | None = None) -> "OomReport":
+        return cls(action.node, action.cap_mb, action.reserve_add_mb, action.start_budget_mb, action.reference_mb,
+                   action.evidence, max(0.0, action.until_s - now_s), event)
+
+
+@dataclass(frozen=True)
+class NodeEvent:
+    """What a supervisor tells the budget manager about a node's process (JSON on NODE_EVENTS_TOPIC).
+
+    ``kind`` is ``oom_kill`` (killed for memory; ``evidence`` says how that is known) or ``exit``
+    (any other death). ``event`` numbers the supervisor's events so an answer can name the one it
+    answers (BudgetReport.oom_kills[].event).
+    """
+
+    node: str                      # fully qualified, e.g. "/robot1/depth_node"
+    kind: str
+    event: int
+    exit_code: int
+    pid: int
+    evidence: str = ""
+    restart_in_s: float | None = None  # None: the node is not restarted
+    version: int = PROTOCOL_VERSION
+
+    KINDS = ("oom_kill", "exit")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> "NodeEvent":
+        """Parse and validate; ValueError naming the field at fault."""
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"node event is not JSON: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ValueError("node event must be a JSON object")
+        node, kind = raw.get("node"), raw.get("kind")
+        if not isinstance(node, str) or not node.startswith("/"):
+            raise ValueError(f"node event field 'node' must be a fully qualified node name, got {node!r}")
+        if kind not in cls.KINDS:
+            raise ValueError(f"node event field 'kind' must be one of {list(cls.KINDS)}, got {kind!r}")
+        for key in ("event", "exit_code", "pid"):
+            if isinstance(raw.get(key), bool) or not isinstance(raw.get(key), int):
+                raise ValueError(f"node event field {key!r} must be an integer, got {raw.get(key)!r}")
+        restart = raw.get("restart_in_s")
+        if restart is not None and (isinstance(restart, bool) or not isinstance(restart, (int, float))
+                                    or not math.isfinite(restart) or restart < 0):
+            raise ValueError(f"node event field 'restart_in_s' must be a number >= 0 or null, got {restart!r}")
+        evidence = raw.get("evidence", "")
+        if not isinstance(evidence, str):
+            raise ValueError(f"node event field 'evidence' must be a string, got {evidence!r}")
+        return cls(node, kind, raw["event"], raw["exit_code"], raw["pid"], evidence,
+                   None if restart is None else float(restart))
+
+
+@dataclass(frozen=True)
 class BudgetReport:
     """What the manager publishes on /dynnet/budgets after each evaluation."""
 
@@ -149,6 +223,8 @@ class BudgetReport:
     starved: list[str] = field(default_factory=list)
     #: model nodes that published a profile but ran no frame yet: not budgeted until they have
     waiting: list[str] = field(default_factory=list)
+    #: OOM caps in force: nodes killed for memory and what the manager took away (budget/oom.py)
+    oom_kills: list[OomReport] = field(default_factory=list)
     version: int = PROTOCOL_VERSION
 
     def to_json(self) -> str:
@@ -157,5 +233,7 @@ class BudgetReport:
                 return None if not math.isfinite(value) else round(value, 3)
             if isinstance(value, dict):
                 return {k: clean(v) for k, v in value.items()}
+            if isinstance(value, list):
+                return [clean(v) for v in value]
             return value
         return json.dumps(clean(asdict(self)), separators=(",", ":"))

@@ -158,6 +158,25 @@ def output_dir(text: str) -> Path:
     return path
 
 
+def existing_dir(text: str) -> Path:
+    """A directory that exists."""
+    path = Path(text)
+    if not path.is_dir():
+        raise _Error(f"{text}: no such directory")
+    return path
+
+
+def fraction(text: str) -> float:
+    """A number in [0, 1] (shares: an accuracy drop, a feature-reuse cap)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise _Error(f"{text!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise _Error(f"{text} must be between 0 and 1")
+    return value
+
+
 def existing_file(text: str) -> Path:
     """A file that exists."""
     path = Path(text)

@@ -2,7 +2,8 @@
 
 The graph runs exactly as `dynnet up` starts it (node output goes to <report>/nodes.log); this
 process subscribes to /diagnostics with rclpy and turns the nodes' own statuses into the
-table and the time series of <report>/summary.json and <report>/demo.png.
+table and the time series of <report>/summary.json and <report>/demo.png; the camera frames,
+clouds and model outputs it also receives become <report>/montage.png (``demo_frames``).
 """
 from __future__ import annotations
 
@@ -24,20 +25,26 @@ from rich.live import Live
 from rich.table import Table
 
 from dynnet_ros.commands import arguments
+from dynnet_ros.commands.demo_frames import FrameRecorder, render_montage
 from dynnet_ros.commands.up import GraphRunner, StopRequest, load_config
 from dynnet_ros.graph_config import validate_namespace
 from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.nodes.diagnostics import level_value, status_values
+from dynnet_ros.nodes.scene import lidar_to_camera_xyzrpy
 
 NAME = "demo"
 HELP = "run the vehicle graph with the simulator for a while; live table + demo-report/ (JSON, PNG)"
 
 MODEL_TASKS = ("lane", "pedestrian", "depth")
+#: the run's --duration counts from when every model node has processed a frame; a graph that
+#: gets there later than this (a model that never loads) ends the demo with status 1
+STARTUP_TIMEOUT_S = 240.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=arguments.positive_float, default=30.0, metavar="S",
-                        help="seconds to run (default 30)")
+                        help="seconds to run once every model node serves (default 30; starting the nodes "
+                             "comes first and is not counted)")
     parser.add_argument("--report", type=arguments.output_dir, default=Path("demo-report"), help="report directory")
     parser.add_argument("--config", type=arguments.existing_file, default=None,
                         help="graph description (default: vehicle.yaml)")
@@ -63,7 +70,7 @@ class Series:
 
 class DiagnosticsRecorder:
     """Collects every node's statuses from /diagnostics (rclpy, spun in a thread)."""
-    def __init__(self, t0: float, namespace: str = "") -> None:
+    def __init__(self, t0: float, namespace: str = "", lidar_to_camera: list[float] | None = None) -> None:
         self._values = status_values
         self._level = level_value
         self.t0 = t0
@@ -75,6 +82,8 @@ class DiagnosticsRecorder:
         self.camera: list[dict[str, Any]] = []  # the simulator's statuses (camera resolution over time)
         self.ros = BackgroundNode("dynnet_demo_monitor", handle_signals=False, period=0.1)  # demo handles signals
         self.ros.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 50)
+        # camera frames, clouds and model outputs of this graph, paired by stamp for the montage
+        self.frames = FrameRecorder(self.ros.node, namespace, lidar_to_camera or lidar_to_camera_xyzrpy())
         self.ros.start()
 
     def _on_diag(self, msg) -> None:
@@ -93,6 +102,12 @@ class DiagnosticsRecorder:
                 elif status.name.endswith(": sensor simulator"):
                     self.camera.append(sample)
                 self.latest[node] = sample
+
+    def serving(self, count: int) -> bool:
+        """``count`` model nodes have each processed a frame."""
+        with self.lock:
+            return sum(any(isinstance(s.get("frames_processed"), int) and s["frames_processed"] > 0
+                           for s in series.samples) for series in self.series.values()) >= count
 
     def close(self) -> None:
         self.ros.close()
@@ -234,21 +249,36 @@ def run(args: argparse.Namespace) -> int:
                   f"{args.duration:.0f} s (ROS_DOMAIN_ID={os.environ.get('ROS_DOMAIN_ID', '0')})")
     status = 0
     t0 = time.monotonic()
-    recorder = DiagnosticsRecorder(t0, runner.namespace)
+    depth = [n for n in config.nodes if n.executable == "depth_node"]
+    recorder = DiagnosticsRecorder(t0, runner.namespace,
+                                   depth[0].parameters.get("lidar_to_camera") if depth else None)
+    models = sum(1 for n in runner.nodes if n.executable.removesuffix("_node") in MODEL_TASKS)
     with StopRequest() as stop:
         try:
             runner.start()
-            deadline = time.monotonic() + args.duration
+            started = time.monotonic()
+            serving: float | None = None  # when every model node had processed a frame
             with Live(build_table(recorder, 0.0, args.duration), console=console, refresh_per_second=2,
                       transient=False, auto_refresh=not args.no_live) as live:
-                while not stop.event.is_set() and time.monotonic() < deadline:
+                while not stop.event.is_set():
+                    now = time.monotonic()
+                    if serving is None and recorder.serving(models):
+                        serving = now
+                    if serving is not None and now >= serving + args.duration:
+                        break
+                    if serving is None and now - started > STARTUP_TIMEOUT_S:
+                        console.print(f"[red]the model nodes did not all serve within {STARTUP_TIMEOUT_S:.0f} s; "
+                                      f"see {report / 'nodes.log'}")
+                        status = 1
+                        break
                     dead = runner.dead()
                     if dead:
                         console.print(f"[red]node(s) exited unexpectedly: {dead}; see {report / 'nodes.log'}")
                         status = 1
                         break
                     stop.event.wait(0.5)
-                    live.update(build_table(recorder, time.monotonic() - t0, args.duration))
+                    live.update(build_table(recorder, 0.0 if serving is None else time.monotonic() - serving,
+                                            args.duration))
         finally:
             codes = runner.stop()
             elapsed = time.monotonic() - t0
@@ -259,11 +289,15 @@ def run(args: argparse.Namespace) -> int:
     summary["requested_duration_s"] = args.duration
     (report / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
     plot(recorder, report / "demo.png")
+    task_nodes = {n.executable.removesuffix("_node"): n.name for n in config.nodes}
+    montage = render_montage(recorder.frames.snapshot(), recorder.frames.lidar_to_camera, report / "montage.png",
+                             task_nodes)
     for node, m in summary["models"].items():
         console.print(f"{node:16s} {m['mean_hz']:5.2f} Hz  p50 {_fmt(m['latency_p50_ms'])} ms  "
                       f"p95 {_fmt(m['latency_p95_ms'])} ms  dropped {m['frames_dropped']}  "
                       f"RSS max {_fmt(m['rss_mb_max'])} MiB")
-    console.print(f"report: {report / 'summary.json'}, {report / 'demo.png'}, {report / 'nodes.log'}")
+    shown = f", {report / 'montage.png'}" if montage else " (no model output paired with a camera frame: no montage)"
+    console.print(f"report: {report / 'summary.json'}, {report / 'demo.png'}{shown}, {report / 'nodes.log'}")
     if not summary["models"]:
         console.print("[red]no model diagnostics were received")
         return 1

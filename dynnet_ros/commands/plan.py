@@ -44,8 +44,11 @@ def build_report(model_spec: str, shapes: dict[str, tuple[int, ...]], granularit
     skeleton = load_for_backend("cpu", path)
     executor = create_planned_executor(skeleton, layout=layout, granularity=granularity, versions=False)
     if not isinstance(executor, PlannedExecutor):
+        plan = executor.executor_stats().details.get("plan")
         executor.close()
-        raise ValueError(f"the planned engine cannot run {path}; Engine would fall back to plain onnxruntime")
+        if plan is None:
+            raise ValueError(f"the planned engine cannot run {path}; Engine would fall back to plain onnxruntime")
+        return {"model": path, "fallback": plan["reason"], "cuts": plan["cuts"]}
     try:
         graph = executor.graph
         if not shapes:
@@ -68,6 +71,7 @@ def build_report(model_spec: str, shapes: dict[str, tuple[int, ...]], granularit
                       "nchwc": sum(1 for n in graph.nodes if n.domain == "com.microsoft.nchwc")},
             "layout": executor.options.layout,
             "granularity": executor.granularity,
+            "cuts": None if executor.cut_choice is None else executor.cut_choice.describe(),
             "partitions": [s.describe(graph) for s in executor.segments],
             "order": [node_name(graph.nodes[n], n) for n in executor.order],
             "memory_plan": {
@@ -98,7 +102,30 @@ def _ort_extended_nodes(path: str) -> int | None:
             return None
 
 
+def _print_cuts(cuts: dict | None) -> None:
+    """The cost model's latency-vs-memory curve (plan/cost_model.py) and the point chosen."""
+    if not cuts:
+        return
+    reference = cuts["onnxruntime_activation_bytes"]
+    print("cut sets considered (predicted at the reference shape; activations incl. 0.25 MB per session; "
+          "1 (ort): one plain onnxruntime session):")
+    print("      segments  latency ms  activation MB  x onnxruntime")
+    for k, point in enumerate(cuts["curve"]):
+        mark = "->" if k == cuts["chosen"] else "  "
+        label = "1 (ort)" if point["single_session"] else str(point["segments"])
+        ratio = point["activation_bytes"] / reference if reference else float("nan")
+        print(f"  {mark} {label:>8s}  {point['latency_ms']:10.2f}  {point['activation_bytes'] / MB:13.2f}"
+              f"  {ratio:13.2f}")
+    print(f"chosen: {cuts['reason']}")
+
+
 def _print(report: dict, show_order: bool) -> None:
+    if "fallback" in report:
+        print(f"model {report['model']}")
+        _print_cuts(report["cuts"])
+        print("Engine runs this model as one plain onnxruntime session (its own arena); "
+              "Engine.stats()['plan'] says so too")
+        return
     simp, mem = report["simplify"], report["memory_plan"]
     print(f"model {report['model']}  (shapes from {report['shape_source']})")
     nodes = report["nodes"]
@@ -112,6 +139,7 @@ def _print(report: dict, show_order: bool) -> None:
         fused = ", ".join(f"{k} {v}" for k, v in simp["fused"].items()) or "none"
         print(f"simplification: removed {removed}; fused/rewritten {fused}")
         print(f"shape ops before {simp['shape_ops_before']} after {simp['shape_ops_after']}")
+    _print_cuts(report["cuts"])
     print(f"partitions: {len(report['partitions'])} (granularity {report['granularity']})")
     for part in report["partitions"]:
         ops = ", ".join(part["nodes"][:6]) + (" ..." if len(part["nodes"]) > 6 else "")

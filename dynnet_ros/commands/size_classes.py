@@ -10,15 +10,19 @@ from __future__ import annotations
 
 from typing import Callable
 
-from dynnet_ros.engine import Engine
 from dynnet_ros.graph_config import ProcessSpec
-from dynnet_ros.nodes.geometry import plan_letterbox
-from dynnet_ros.nodes.model_node import ModelNode
+from dynnet_ros.nodes.depth_node import make_depth_estimator
+from dynnet_ros.nodes.lane_node import make_segmenter
 from dynnet_ros.nodes.parameter_check import DECLARED
+from dynnet_ros.nodes.pedestrian_node import make_detector
 from dynnet_ros.nodes.sensor_sim import parse_resolution
+from dynnet_ros.perception.core import PerceptionCore
 from dynnet_ros.zoo import ensure_model
 
 MODEL_TASKS = {"lane_node": "lane", "pedestrian_node": "pedestrian", "depth_node": "depth"}
+#: the perception core each model node builds from its parameters
+CORES: dict[str, Callable[..., PerceptionCore]] = {
+    "lane_node": make_segmenter, "pedestrian_node": make_detector, "depth_node": make_depth_estimator}
 
 
 def effective_parameters(process: ProcessSpec) -> dict:
@@ -28,19 +32,16 @@ def effective_parameters(process: ProcessSpec) -> dict:
 
 def measure_size_classes(process: ProcessSpec) -> int:
     """Measure the footprint of ``process``'s model at each of its ``camera_sizes`` (the size
-    classes the node announces), as the node's engine would ask for them; returns how many.
-    ValueError for a model that does not load or run there (the node reports that itself)."""
+    classes the node announces), through the same perception core the node builds, so the input
+    shapes are the ones its frames get; returns how many. ValueError for a model that does not
+    load or run there (the node reports that itself)."""
     params = effective_parameters(process)
     path = params["model_path"] or str(ensure_model(MODEL_TASKS[process.executable]))
-    with Engine(path, backend=params["backend"], threads=int(params["threads"]) or None, swappable=True) as engine:
+    with CORES[process.executable](path, params, None, swappable=True) as core:
         count = 0
         for text in params["camera_sizes"]:
             width, height = parse_resolution(text)
-            box = plan_letterbox(height, width, multiple=ModelNode.input_multiple,
-                                 max_side=int(params["max_input_side"]))
-            shapes = {spec.name: (*(d if isinstance(d, int) else 1 for d in spec.dims[:2]), box.pad_h, box.pad_w)
-                      for spec in engine.inputs if spec.rank == 4}
-            engine.min_budget_mb(shapes)
+            core.engine.min_budget_mb(core.input_shapes(height, width))
             count += 1
         return count
 

@@ -26,7 +26,7 @@ from matplotlib.figure import Figure
 
 from dynnet_ros.engine.model_io import load_model, weight_bytes
 from dynnet_ros.engine.plan.loader import load_skeleton
-from dynnet_ros.nodes.geometry import plan_letterbox
+from dynnet_ros.perception.letterbox import plan_letterbox
 from dynnet_ros.swap.streamed import prepare_weight_file
 from dynnet_ros.units import MB
 
@@ -43,7 +43,8 @@ OVER_LIMIT = 1.05
 def sweep_sizes(cameras=SWEEP_CAMERAS, max_side: int = SWEEP_MAX_SIDE,
                 multiple: int = SWEEP_MULTIPLE) -> list[tuple[int, int]]:
     """Every padded input (H, W) the nodes feed for ``cameras``, in increasing area."""
-    sizes = {(box.pad_h, box.pad_w) for box in (plan_letterbox(h, w, multiple=multiple, max_side=max_side)
+    target = (max_side, max_side) if max_side else None  # the zoo formats' letterbox: shrink only
+    sizes = {(box.pad_h, box.pad_w) for box in (plan_letterbox(h, w, target=target, multiple=multiple, scaleup=False)
                                                  for w, h in cameras)}
     return sorted(sizes, key=lambda hw: (hw[0] * hw[1], hw))
 

@@ -11,6 +11,12 @@ A node that dies on its own (a crash, the kernel's OOM killer) is restarted unde
 RespawnPolicy while the others keep running; one that keeps crashing, has respawn off, or exits
 with status 0 unasked is left down, reported as an ERROR line (`[dynnet up] ERROR: ...`) and on
 stderr, and makes the run a failure.
+
+With its ROS link (`dynnet up` itself; nodes/supervisor_link.py) the supervisor also tells an
+OOM kill from another SIGKILL (budget/oom.py: kernel counters read around the death), reports
+it to the budget manager on dynnet/node_events and waits up to OOM_ANSWER_TIMEOUT_S for the
+manager's answer, so the node restarts with the lowered budget; and it restarts every node with
+the parameter values set on it at run time (seen on /parameter_events) over the config's.
 """
 from __future__ import annotations
 
@@ -29,23 +35,34 @@ from typing import Any, Callable
 
 import yaml
 
+from dynnet_ros.budget.oom import MemorySignals, oom_evidence, process_cgroup, read_signals
+from dynnet_ros.budget.protocol import BUDGET_PARAM, NodeEvent
 from dynnet_ros.commands import CommandError
+from dynnet_ros.commands.arguments import existing_dir
 from dynnet_ros.commands.size_classes import prepare_graph_models
 from dynnet_ros.graph_config import (
     GraphConfig,
     ProcessSpec,
+    RuntimeParameters,
     default_config_path,
+    fq_node_name,
     graph_processes,
     load_graph,
     node_command,
+    restart_spec,
     validate_namespace,
 )
 from dynnet_ros.nodes.parameter_check import check_graph_parameters
+from dynnet_ros.nodes.supervisor_link import SupervisorLink
 
 NAME = "up"
 HELP = "start the vehicle graph (config/vehicle.yaml) as separate processes; Ctrl-C stops it"
 
 _PR_SET_PDEATHSIG = 1
+#: how often the supervisor reads each live node's memory counters (the "before" of an OOM verdict)
+SIGNALS_PERIOD_S = 1.0
+#: how long a node killed for memory waits, beyond its respawn delay, for the budget manager's answer
+OOM_ANSWER_TIMEOUT_S = 5.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,6 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-sim", action="store_true", help="do not start the simulator nodes (sim: true)")
     parser.add_argument("--namespace", default="", metavar="NS",
                         help="run every node (and its topics, except /diagnostics) under this ROS namespace")
+    parser.add_argument("--memory-root", type=existing_dir, default=Path("/"), metavar="DIR",
+                        help="directory whose proc/vmstat, proc/pressure/memory and proc/meminfo tell an OOM kill "
+                             "from another SIGKILL (default /; a host's /proc mounted elsewhere, or a prepared tree)")
 
 
 def graph_env(base: dict[str, str] | None = None) -> dict[str, str]:
@@ -85,6 +105,11 @@ class Child:
     crashes: list[float] = field(default_factory=list)  # monotonic times of crashes within the window
     restart_at: float | None = None  # pending restart (monotonic time)
     restarts: int = 0
+    signals: MemorySignals = field(default_factory=MemorySignals)  # its latest memory counters
+    earlier: MemorySignals | None = None  # the reading before that: the baseline at its death
+    signals_at: float = -1.0e9
+    oom_event: int | None = None  # the NodeEvent number of its last OOM kill, until it restarts
+    answer_deadline: float = 0.0  # restart without the manager's answer after this
 
 
 def describe_exit(code: int) -> str:
@@ -115,7 +140,7 @@ class GraphRunner:
 
     def __init__(self, config: GraphConfig, *, use_sim: bool = True,
                  sink: Callable[[str, str], None] | None = None, env: dict[str, str] | None = None,
-                 namespace: str = "") -> None:
+                 namespace: str = "", ros_link: bool = False, memory_root: Path = Path("/")) -> None:
         self.config = config
         self.namespace = validate_namespace(namespace)
         self.nodes = graph_processes(config, use_sim, self.namespace)
@@ -130,6 +155,11 @@ class GraphRunner:
         self._print_lock = threading.Lock()
         self._sink = sink or self._print
         self._tmp = tempfile.TemporaryDirectory(prefix="dynnet-up-")
+        self.memory_root = memory_root
+        self.runtime = RuntimeParameters()
+        self._ros_link = ros_link
+        self.link: SupervisorLink | None = None
+        self._events = 0
 
     def _print(self, name: str, line: str) -> None:
         with self._print_lock:
@@ -152,6 +182,9 @@ class GraphRunner:
 
     def start(self) -> None:
         self.prepare_models()
+        if self._ros_link:
+            self.link = SupervisorLink(self.namespace, [fq_node_name(n) for n in self.nodes], self.runtime,
+                                       self._on_parameter_change)
         for node, cmd in self.commands():
             proc, reader = self._spawn(node.name, cmd)
             self.children.append(Child(node, cmd, proc, reader))
@@ -169,6 +202,11 @@ class GraphRunner:
         if level == "ERROR":
             print(f"dynnet up: {message}", file=sys.stderr, flush=True)
 
+    def _on_parameter_change(self, node: str, name: str, value: Any) -> None:
+        if name != BUDGET_PARAM:  # the budget manager's pushes are logged on its side
+            short = next((n.name for n in self.nodes if fq_node_name(n) == node), node)
+            self._report("INFO", f"{short} {name} = {value!r} set at run time; kept for its restarts")
+
     def supervise(self) -> None:
         """One supervision step: note nodes that died, restart those whose delay has passed.
 
@@ -182,12 +220,31 @@ class GraphRunner:
                 if child.node.name in self.left_down:
                     continue
                 if child.restart_at is not None:
-                    if now >= child.restart_at:
+                    if now >= child.restart_at and self._answered(child, now):
                         self._restart(child)
                     continue
                 code = child.proc.poll()
                 if code is not None:
                     self._on_exit(child, code, now)
+                elif now - child.signals_at >= SIGNALS_PERIOD_S:
+                    child.earlier = child.signals
+                    child.signals = read_signals(self.memory_root, process_cgroup(child.proc.pid))
+                    child.signals_at = now
+
+    def _manager_up(self) -> bool:
+        """A budget manager of this graph is running (it answers OOM kills)."""
+        return any(c.node.executable == "budget_manager" and c.restart_at is None and c.proc.poll() is None
+                   and c.node.name not in self.left_down for c in self.children)
+
+    def _answered(self, child: Child, now: float) -> bool:
+        """An OOM-killed node restarts once the manager answered (or it waited long enough)."""
+        if child.oom_event is None or self.link is None or self.link.oom_answer(child.oom_event) is not None:
+            return True
+        if now < child.answer_deadline and self._manager_up():
+            return False
+        self._report("WARN", f"{child.node.name}: no answer from the budget manager to its OOM kill within "
+                             f"{OOM_ANSWER_TIMEOUT_S:g} s; restarting it without a lowered budget")
+        return True
 
     def _on_exit(self, child: Child, code: int, now: float) -> None:
         name, policy = child.node.name, child.node.respawn
@@ -198,28 +255,66 @@ class GraphRunner:
         if code == 0:
             self._leave_down(name, "exited with status 0 without being asked to stop; not restarted")
             return
+        evidence = oom_evidence(code, *self._death_readings(child))
+        what = describe_exit(code) if evidence is None else f"was OOM-killed ({evidence})"
         child.crashes = [t for t in child.crashes if now - t < policy.window_s] + [now]
         crashes = len(child.crashes)
+        delay: float | None = None
         if not policy.enabled:
-            self._leave_down(name, f"{describe_exit(code)}; respawn is off, left down")
+            self._leave_down(name, f"{what}; respawn is off, left down")
         elif policy.gives_up(crashes):
-            self._leave_down(name, f"{describe_exit(code)}; {crashes} crashes within {policy.window_s:g} s "
+            self._leave_down(name, f"{what}; {crashes} crashes within {policy.window_s:g} s "
                                    f"(respawn_max_retries {policy.max_retries}), left down")
         else:
             delay = policy.delay_after(crashes)
             child.restart_at = now + delay
-            self._report("WARN", f"{name} {describe_exit(code)}; restarting in {delay:g} s "
+            self._report("WARN", f"{name} {what}; restarting in {delay:g} s "
                                  f"(restart {crashes} of {policy.max_retries} within {policy.window_s:g} s)")
+        self._events += 1
+        child.oom_event = self._events if evidence is not None else None
+        child.answer_deadline = now + (delay or 0.0) + OOM_ANSWER_TIMEOUT_S
+        if self.link is not None:
+            self.link.publish(NodeEvent(fq_node_name(child.node), "exit" if evidence is None else "oom_kill",
+                                        self._events, code, child.proc.pid, evidence or "", delay))
+
+    def _death_readings(self, child: Child) -> tuple[MemorySignals, MemorySignals]:
+        """(before, after) for the OOM verdict on a node found dead.
+
+        The latest reading may have been taken between the kernel's kill and the process's exit:
+        the counters already risen, and a dying process's /proc/<pid>/cgroup no longer names its
+        group. So the baseline is the reading before it (one to two seconds before the death),
+        and its cgroup is the one read again.
+        """
+        before = child.earlier if child.earlier is not None else child.signals
+        return before, read_signals(self.memory_root, before.cgroup)
 
     def _leave_down(self, name: str, reason: str) -> None:
         self.left_down[name] = reason
         self._report("ERROR", f"{name} {reason}")
 
     def _restart(self, child: Child) -> None:
-        child.proc, child.reader = self._spawn(child.node.name, child.argv)
-        child.restart_at = None
+        """Start the node again: its config's parameters, the values set at run time over them,
+        and the budget manager's lowered budget after an OOM kill over those."""
+        overrides = self.runtime.for_node(fq_node_name(child.node))
+        notes = [f"values set at run time: {', '.join(f'{k}={v!r}' for k, v in sorted(overrides.items()))}"] \
+            if overrides else []
+        answer = None if child.oom_event is None or self.link is None else self.link.oom_answer(child.oom_event)
+        if answer is not None and answer.get("start_budget_mb") is not None:
+            overrides[BUDGET_PARAM] = float(answer["start_budget_mb"])
+            notes.append(f"{BUDGET_PARAM}={overrides[BUDGET_PARAM]!r} from the budget manager's answer to its "
+                         "OOM kill")
+        argv = child.argv
+        if overrides:
+            spec = restart_spec(child.node, overrides)
+            params_file = Path(self._tmp.name) / f"{child.node.name}.restart.yaml"
+            params_file.write_text(yaml.safe_dump(spec.params_file_data(), sort_keys=False))
+            argv = node_command(spec, params_file)
+        child.proc, child.reader = self._spawn(child.node.name, argv)
+        child.restart_at, child.oom_event = None, None
+        child.signals, child.earlier, child.signals_at = MemorySignals(), None, -1.0e9
         child.restarts += 1
-        self._report("INFO", f"{child.node.name} restarted (pid {child.proc.pid})")
+        self._report("INFO", f"{child.node.name} restarted (pid {child.proc.pid})"
+                             + (f" with {'; '.join(notes)}" if notes else ""))
 
     def all_down(self) -> bool:
         """Every node is left down: nothing is serving and nothing will be restarted."""
@@ -269,6 +364,8 @@ class GraphRunner:
             except (ProcessLookupError, PermissionError):
                 pass
             child.reader.join(timeout=2.0)
+        if self.link is not None:
+            self.link.close()
         self._tmp.cleanup()
         return {c.node.name: c.proc.returncode for c in self.children}
 
@@ -315,7 +412,8 @@ def run(args: argparse.Namespace) -> int:
     if args.duration is not None and args.duration <= 0:
         raise CommandError(f"--duration must be positive, got {args.duration}")
     config = load_config(args.config)
-    runner = GraphRunner(config, use_sim=not args.no_sim, namespace=args.namespace)
+    runner = GraphRunner(config, use_sim=not args.no_sim, namespace=args.namespace, ros_link=True,
+                         memory_root=args.memory_root)
     env = runner.env
     print(f"dynnet up: {len(runner.nodes)} nodes from {config.source} "
           f"(ROS_DOMAIN_ID={env.get('ROS_DOMAIN_ID', '0')}, "

@@ -5,6 +5,7 @@ kernel versions plug in as executors (backends/base.py) without touching callers
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -15,10 +16,17 @@ import onnxruntime as ort
 
 from dynnet_ros.engine.backends import create_executor, load_for_backend
 from dynnet_ros.engine.backends.base import Executor, ExecutorStats, WindowStats
-from dynnet_ros.engine.feeds import shape_signature, validate_feeds
-from dynnet_ros.engine.model_io import InputSpec, ModelLike, input_specs, output_names, weight_bytes
+from dynnet_ros.engine.feeds import plan_breach, shape_signature, validate_feeds
+from dynnet_ros.engine.model_io import InputSpec, ModelLike, default_specs, input_specs, output_names, weight_bytes
+from dynnet_ros.engine.plan.loader import source_path
+from dynnet_ros.engine.reference import ORT_RUN_ERRORS, ReferenceRunner, plain_only_reason, refused
 from dynnet_ros.swap.control import BudgetModel, BudgetRefused, SwapControl, reference_shapes
 from dynnet_ros.units import MB
+
+log = logging.getLogger(__name__)
+
+#: integer inputs up to this many elements count as control values (swap.control.SwapControl.control_values)
+CONTROL_INPUT_MAX = 16
 
 
 def validate_budget_mb(mb: float | int | None) -> float | None:
@@ -103,9 +111,18 @@ class Engine:
         self.model_path = None if not isinstance(model, (str, bytes)) and not hasattr(model, "__fspath__") \
             else str(model)
         self.proto = load_for_backend(backend, model)  # planned cpu: weightless graph, weights stay in the file
+        self.inputs: list[InputSpec] = input_specs(self.proto)
+        self.defaults: list[InputSpec] = default_specs(self.proto)  # inputs an initializer gives a value
+        #: why this model runs through plain onnxruntime although the planned backend was asked for
+        self.plain_reason = plain_only_reason(self.inputs + self.defaults) if backend == "cpu" else None
+        if self.plain_reason is not None:
+            log.warning("%s; running the model through plain onnxruntime", self.plain_reason)
+            backend = "ort"
+            self.proto = load_for_backend(backend, model)
         self.backend = backend
         self.threads = threads
-        self.inputs: list[InputSpec] = input_specs(self.proto)
+        # feeds onnxruntime takes but the model's declaration does not (feeds.plan_breach)
+        self._reference = ReferenceRunner(self.model_path or source_path(self.proto) or self.proto, threads)
         self.outputs: list[str] = output_names(self.proto)
         self.weight_bytes = weight_bytes(self.proto)
         self.layout = layout
@@ -155,20 +172,35 @@ class Engine:
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Same semantics as ``InferenceSession.run(None, feeds)`` but keyed by output name."""
-        checked = validate_feeds(self.inputs, feeds)
+        checked = validate_feeds(self.inputs, feeds, self.defaults)
+        breach = None if self.backend == "ort" else plan_breach(self.inputs, checked)
         signature = shape_signature(checked)
         with self._lock:
             executor = self._executor
             if executor is None:  # the constructor sets one or raises
                 raise RuntimeError("the engine has no executor")
             start = time.perf_counter()
-            outputs = executor.run(checked)
+            try:
+                outputs = executor.run(checked) if breach is None else self._reference.run(checked, breach)
+            except ORT_RUN_ERRORS as exc:
+                raise refused(checked, exc) from exc
             self._last_latency_ms = (time.perf_counter() - start) * 1e3
+            if breach is not None:  # budgets and calibrations describe the planned runs only
+                self._runs += 1
+                return outputs
+            self._record_control_values(checked)
             self._last_signature = signature
             self._swap.observe_run(self._last_latency_ms, signature)  # calibrates the in-memory table level
             self._signatures.add(signature)
             self._runs += 1
         return outputs
+
+    def _record_control_values(self, feeds: Mapping[str, Any]) -> None:
+        """Keep the values of small integer inputs (a sample rate, a mode) for the footprint
+        calibration, which would otherwise feed zeros that may steer ``If`` into a failing branch."""
+        for name, value in feeds.items():
+            if isinstance(value, np.ndarray) and value.size <= CONTROL_INPUT_MAX and value.dtype.kind in "biu":
+                self._swap.control_values[name] = value.tolist()
 
     def set_memory_budget(self, mb: float | int | None) -> None:
         """Bound the engine's footprint for this model (None = unlimited).
@@ -232,6 +264,7 @@ class Engine:
             if self._executor is not None:
                 self._executor.close()  # the streamed executor closes twice: idempotent
             self._swap.close()
+            self._reference.close()
 
     def __enter__(self) -> "Engine":
         return self

@@ -1,63 +1,125 @@
-"""Check user feeds against a model's inputs before any backend sees them.
+"""Check user feeds against a model's inputs by onnxruntime's own rules, before any backend sees them.
 
-Backends fail with long, backend-specific messages; this gives one ValueError that names the
-input and the expected shape, and leaves the engine usable.
+Why: a caller choosing this engine over a plain ``InferenceSession`` must be able to feed it
+exactly what that session takes. ``validate_feeds`` accepts what ``InferenceSession.run``
+accepts (test/test_feeds.py compares the two on every rule below and by fuzzing) and refuses
+the rest with one ValueError that names the input, leaving the engine usable:
+
+- names: every input without a default must be fed; an input with an initializer default
+  (onnxruntime's overridable initializer) and an ``optional`` input may be left out; any other
+  name is refused;
+- values: numpy arrays, or lists that convert to the input's element type; the element type
+  must match, strings as ``str`` or ``object`` arrays. A foreign byte order is accepted, as
+  onnxruntime does, and converted (onnxruntime does not always swap the bytes itself);
+- shapes: the rank must match the declared one, and a size only where the model writes a
+  non-negative value. Dims that are ``-1``, unnamed or named are not checked, nor are the
+  shapes of inputs declared without a shape or as rank 0 (onnxruntime skips empty shapes), and
+  empty tensors pass;
+- sequence, map and sparse values are onnxruntime's to check (the engine runs such models
+  through it).
+
+``plan_breach`` then says which accepted feeds fall outside what the model *declares*, the
+contract the planned engine's plan is proved under (one symbol, one size; a scalar is a scalar;
+initializers are constants). Those feeds run through plain onnxruntime, which does not hold the
+model to its declaration.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from dynnet_ros.engine.model_io import InputSpec
+from dynnet_ros.engine.model_io import InputSpec, is_dim_symbol
+
+_UNCHECKED_KINDS = ("sequence", "map", "sparse")
 
 
-def validate_feeds(specs: list[InputSpec], feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _as_array(spec: InputSpec, value: Any) -> np.ndarray:
+    """The fed value as an array of the input's element type, or ValueError (onnxruntime's rules)."""
+    if isinstance(value, list):  # onnxruntime converts lists to the expected element type
+        try:
+            return np.array(value, dtype=spec.dtype)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"input '{spec.name}': cannot make a {spec.dtype.name} tensor from the "
+                             f"list ({exc}); expected {spec.describe()}") from None
+    if not isinstance(value, np.ndarray):
+        raise ValueError(f"input '{spec.name}' must be a numpy array (or a list), got "
+                         f"{type(value).__name__}; expected {spec.describe()}")
+    if spec.dtype == np.dtype(object):  # a string input takes str and object arrays
+        if value.dtype.kind not in "UO":
+            raise ValueError(f"input '{spec.name}' has dtype {value.dtype}, expected {spec.describe()}")
+        return value
+    if value.dtype.newbyteorder("=") != spec.dtype:
+        raise ValueError(f"input '{spec.name}' has dtype {value.dtype}, expected {spec.describe()}")
+    if not value.dtype.isnative:
+        value = value.astype(spec.dtype)  # same values in this machine's byte order, as onnxruntime reads them
+    return value
+
+
+def _check_shape(spec: InputSpec, value: np.ndarray) -> None:
+    if spec.any_shape:
+        return
+    if value.ndim != spec.rank:
+        raise ValueError(f"input '{spec.name}' has rank {value.ndim} (shape {list(value.shape)}), "
+                         f"expected {spec.describe()}")
+    for axis, (size, want) in enumerate(zip(value.shape, spec.dims)):
+        if isinstance(want, int) and size != want:
+            raise ValueError(f"input '{spec.name}' axis {axis} is {size}, expected {spec.describe()}")
+
+
+def validate_feeds(specs: Sequence[InputSpec], feeds: Mapping[str, Any],
+                   defaults: Sequence[InputSpec] = ()) -> dict[str, Any]:
+    """``feeds`` checked as onnxruntime checks them: C-contiguous arrays in the expected element
+    type (sequence / map values as given, an omitted optional input absent). ``defaults``: the
+    inputs an initializer gives a value to (``model_io.default_specs``)."""
     if not isinstance(feeds, Mapping):
         raise ValueError(f"feeds must be a dict of input name -> numpy array, got {type(feeds).__name__}")
-    by_name = {spec.name: spec for spec in specs}
-    unknown = sorted(set(feeds) - set(by_name))
+    by_name = {spec.name: spec for spec in [*specs, *defaults]}
+    unknown = sorted(str(name) for name in feeds if name not in by_name)
     if unknown:
         expected = ", ".join(spec.describe() for spec in specs)
         raise ValueError(f"unknown input(s) {unknown}; the model takes {expected}")
-    missing = [spec.name for spec in specs if spec.name not in feeds]
+    missing = [spec for spec in specs if spec.name not in feeds and spec.kind != "optional"]
     if missing:
-        expected = ", ".join(by_name[name].describe() for name in missing)
-        raise ValueError(f"missing input(s): {expected}")
-    checked: dict[str, np.ndarray] = {}
-    for spec in specs:
-        value = feeds[spec.name]
-        if not isinstance(value, np.ndarray):
-            raise ValueError(f"input '{spec.name}' must be a numpy array, got {type(value).__name__}")
-        if value.dtype != spec.dtype:
-            raise ValueError(f"input '{spec.name}' has dtype {value.dtype}, expected {spec.describe()}")
-        if value.ndim != spec.rank:
-            raise ValueError(f"input '{spec.name}' has rank {value.ndim} (shape {list(value.shape)}), "
-                             f"expected {spec.describe()}")
-        symbols: dict[str, int] = {}
-        for axis, (size, want) in enumerate(zip(value.shape, spec.dims)):
-            if isinstance(want, int) and size != want:
-                raise ValueError(f"input '{spec.name}' axis {axis} is {size}, expected {spec.describe()}")
-            if isinstance(want, str):
-                if symbols.setdefault(want, size) != size:
-                    raise ValueError(f"input '{spec.name}' axis {axis} is {size} but '{want}' is "
-                                     f"{symbols[want]} on another axis; expected {spec.describe()}")
-        if 0 in value.shape:
-            raise ValueError(f"input '{spec.name}' is empty (shape {list(value.shape)})")
-        checked[spec.name] = np.ascontiguousarray(value)
-    # One symbol named on several inputs must agree across them too.
-    seen: dict[str, tuple[str, int]] = {}
-    for spec in specs:
-        for axis, want in enumerate(spec.dims):
-            if isinstance(want, str):
-                size = checked[spec.name].shape[axis]
-                other = seen.setdefault(want, (spec.name, size))
-                if other[1] != size:
-                    raise ValueError(f"dimension '{want}' is {other[1]} on input '{other[0]}' but {size} on "
-                                     f"input '{spec.name}'")
+        raise ValueError(f"missing input(s): {', '.join(spec.describe() for spec in missing)}")
+    checked: dict[str, Any] = {}
+    for name, value in feeds.items():
+        spec = by_name[name]
+        if spec.kind in _UNCHECKED_KINDS or (spec.kind == "optional" and value is None):
+            checked[name] = value
+            continue
+        array = _as_array(spec, value)
+        _check_shape(spec, array)
+        # raw pointers are bound downstream; np.require keeps a 0-d feed 0-d (ascontiguousarray would not)
+        checked[name] = np.require(array, requirements="C")
     return checked
 
 
-def shape_signature(feeds: Mapping[str, np.ndarray]) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """Hashable key of the concrete input shapes (plan caches and stats use it)."""
-    return tuple(sorted((name, tuple(int(d) for d in value.shape)) for name, value in feeds.items()))
+def plan_breach(specs: Sequence[InputSpec], feeds: Mapping[str, Any]) -> str | None:
+    """Why these accepted feeds are outside the model's declared inputs (None when they are not):
+    an initializer fed over, a rank-0 input fed a non-scalar, or one dim name bound to two
+    sizes. onnxruntime runs such feeds; a plan proved under the declaration may not."""
+    by_name = {spec.name: spec for spec in specs}
+    seen: dict[str, tuple[str, int, int]] = {}
+    for name, value in feeds.items():
+        spec = by_name.get(name)
+        if spec is None:
+            return f"input '{name}' overrides its initializer"
+        shape = getattr(value, "shape", None)
+        if spec.kind not in ("tensor", "optional") or shape is None or not spec.shaped:
+            continue
+        if not spec.dims and shape:
+            return f"input '{name}' is declared a scalar (rank 0) but fed shape {list(shape)}"
+        for axis, want in enumerate(spec.dims):
+            if isinstance(want, str) and is_dim_symbol(want):
+                other = seen.setdefault(want, (name, axis, int(shape[axis])))
+                if other[2] != shape[axis]:
+                    return (f"dimension '{want}' is {other[2]} on input '{other[0]}' axis {other[1]} but "
+                            f"{shape[axis]} on input '{name}' axis {axis}")
+    return None
+
+
+def shape_signature(feeds: Mapping[str, Any]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """Hashable key of the concrete input shapes (plan caches and stats use it); values without
+    a shape (sequences, maps, an omitted optional) count as shape ()."""
+    return tuple(sorted((name, tuple(int(d) for d in getattr(value, "shape", ()))) for name, value in feeds.items()))

@@ -5,7 +5,9 @@ same "is this a usable model, and what does it take?" answer.
 """
 from __future__ import annotations
 
+import keyword
 import os
+import re
 from dataclasses import dataclass
 from typing import Mapping, Sequence, Union
 
@@ -15,22 +17,50 @@ from onnx import helper
 
 ModelLike = Union[str, os.PathLike, onnx.ModelProto]
 
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_RESERVED_SYMBOLS = {"min", "max"}  # names of RDP's shape-expression functions
+
+
+def is_dim_symbol(name: str) -> bool:
+    """Whether a ``dim_param`` is a symbol the planner ties across axes and inputs: an identifier
+    (not a Python keyword, ``min`` or ``max``). Other names (paddle2onnx's
+    ``p2o.DynamicDimension.0``, ``?``) stand for one unknown size per axis."""
+    return bool(_IDENTIFIER.match(name)) and not keyword.iskeyword(name) and name not in _RESERVED_SYMBOLS
+
 
 @dataclass(frozen=True)
 class InputSpec:
-    """One graph input: static dims are ints, dynamic ones are their name (or None)."""
+    """One graph input as onnxruntime checks it.
+
+    ``dims``: static sizes are ints, dynamic ones their name or None (a ``-1`` value, an empty
+    ``dim_param`` or neither field: onnxruntime checks none of them). ``shaped`` is False when
+    the input declares no shape at all. ``kind`` is "tensor", or "optional" / "sequence" / "map"
+    / "sparse" for the other ONNX types (``dtype`` is then the element type where one exists,
+    else ``object``). ``has_default``: an initializer of the same name gives the value when the
+    input is not fed (onnxruntime's *overridable initializers*).
+    """
 
     name: str
     dtype: np.dtype
     dims: tuple[int | str | None, ...]
+    kind: str = "tensor"
+    shaped: bool = True
+    has_default: bool = False
 
     @property
     def rank(self) -> int:
         return len(self.dims)
 
+    @property
+    def any_shape(self) -> bool:
+        """onnxruntime checks no shape for it: none declared, or rank 0 (it skips empty shapes)."""
+        return not self.shaped or not self.dims
+
     def describe(self) -> str:
         shown = ["?" if d is None else str(d) for d in self.dims]
-        return f"{self.name}: {self.dtype.name}[{', '.join(shown)}]"
+        shape = f"[{', '.join(shown)}]" if self.shaped else "[any shape]"
+        element = f"{self.dtype.name}{shape}" if self.kind in ("tensor", "optional") else self.dtype.name
+        return f"{self.name}: {element}" if self.kind == "tensor" else f"{self.name}: {self.kind}({element})"
 
 
 def load_model(model: ModelLike, *, check: bool = True, external_data: bool = True) -> onnx.ModelProto:
@@ -63,28 +93,72 @@ def load_model(model: ModelLike, *, check: bool = True, external_data: bool = Tr
             raise ValueError(f"{where} failed the ONNX checker: {first_line}") from exc
     if not proto.graph.output:
         raise ValueError(f"{where} has no graph outputs")
-    return proto
+    return clear_negative_dims(proto)
+
+
+def clear_negative_dims(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto``, or a copy of it where dims written as a negative ``dim_value`` (paddle2onnx and
+    others write ``-1``) on the graph's inputs, outputs and value infos are unnamed dynamic dims.
+
+    onnxruntime skips a negative expected size when it checks a feed, so ``-1`` means "any
+    size"; every reader of ``dim_value`` here would otherwise take it as a size of -1. A copy,
+    so that a caller's in-memory model is never changed.
+    """
+    def negative(model: onnx.ModelProto) -> list[onnx.TensorShapeProto.Dimension]:
+        graph = model.graph
+        return [dim for value in [*graph.input, *graph.output, *graph.value_info]
+                if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape")
+                for dim in value.type.tensor_type.shape.dim if dim.HasField("dim_value") and dim.dim_value < 0]
+
+    if not negative(proto):
+        return proto
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    for dim in negative(copy):
+        dim.Clear()
+    return copy
+
+
+def _element_dtype(elem_type: int) -> np.dtype:
+    if elem_type == onnx.TensorProto.STRING:
+        return np.dtype(object)
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+
+
+def _spec(value: onnx.ValueInfoProto, has_default: bool) -> InputSpec:
+    type_proto = value.type
+    kind = type_proto.WhichOneof("value")
+    if kind == "optional_type" and type_proto.optional_type.elem_type.HasField("tensor_type"):
+        inner = _spec(onnx.helper.make_value_info(value.name, type_proto.optional_type.elem_type), has_default)
+        return InputSpec(value.name, inner.dtype, inner.dims, "optional", inner.shaped, has_default)
+    if kind != "tensor_type":
+        names = {"sequence_type": "sequence", "map_type": "map", "sparse_tensor_type": "sparse",
+                 "optional_type": "optional"}
+        return InputSpec(value.name, np.dtype(object), (), names.get(str(kind), str(kind)), False, has_default)
+    tensor_type = type_proto.tensor_type
+    dims: list[int | str | None] = []
+    for dim in tensor_type.shape.dim:
+        if dim.HasField("dim_value") and dim.dim_value >= 0:
+            dims.append(int(dim.dim_value))
+        elif dim.HasField("dim_param") and dim.dim_param:
+            dims.append(dim.dim_param)
+        else:  # -1, an empty dim_param or neither: onnxruntime checks nothing there
+            dims.append(None)
+    return InputSpec(value.name, _element_dtype(tensor_type.elem_type), tuple(dims),
+                     shaped=tensor_type.HasField("shape"), has_default=has_default)
 
 
 def input_specs(proto: onnx.ModelProto) -> list[InputSpec]:
     """Graph inputs that are not initializers (ONNX IR < 4 lists weights as inputs too)."""
     initializers = {init.name for init in proto.graph.initializer}
-    specs = []
-    for value in proto.graph.input:
-        if value.name in initializers:
-            continue
-        tensor_type = value.type.tensor_type
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
-        dims: list[int | str | None] = []
-        for dim in tensor_type.shape.dim:
-            if dim.HasField("dim_value"):
-                dims.append(int(dim.dim_value))
-            elif dim.HasField("dim_param") and dim.dim_param:
-                dims.append(dim.dim_param)
-            else:
-                dims.append(None)
-        specs.append(InputSpec(value.name, dtype, tuple(dims)))
-    return specs
+    return [_spec(value, False) for value in proto.graph.input if value.name not in initializers]
+
+
+def default_specs(proto: onnx.ModelProto) -> list[InputSpec]:
+    """Graph inputs with an initializer: a caller may feed them (onnxruntime's overridable
+    initializers) or leave them to the initializer's value."""
+    initializers = {init.name for init in proto.graph.initializer}
+    return [_spec(value, True) for value in proto.graph.input if value.name in initializers]
 
 
 def output_names(proto: onnx.ModelProto) -> list[str]:

@@ -12,11 +12,12 @@ from rclpy.signals import SignalHandlerOptions
 class BackgroundNode:
     """``node`` is spun every ``period`` seconds until ``close()``; callbacks run on that thread."""
 
-    def __init__(self, name: str, *, handle_signals: bool = True, period: float = 0.05) -> None:
+    def __init__(self, name: str, *, handle_signals: bool = True, period: float = 0.05,
+                 namespace: str | None = None) -> None:
         self.context = rclpy.Context()
         options = SignalHandlerOptions.ALL if handle_signals else SignalHandlerOptions.NO
         rclpy.init(context=self.context, signal_handler_options=options)
-        self.node = rclpy.create_node(name, context=self.context)
+        self.node = rclpy.create_node(name, context=self.context, namespace=namespace)
         self._period = period
         self._executor = SingleThreadedExecutor(context=self.context)
         self._executor.add_node(self.node)

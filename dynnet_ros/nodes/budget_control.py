@@ -21,7 +21,14 @@ from std_msgs.msg import String
 
 from dynnet_ros.budget.planner import BudgetPlanner, Evaluation, ManagerConfig, NodeConfig, fq_name
 from dynnet_ros.budget.policy import Hysteresis, PoolConfig
-from dynnet_ros.budget.protocol import BUDGET_PARAM, BUDGETS_TOPIC, PROFILES_TOPIC, ModelProfile
+from dynnet_ros.budget.protocol import (
+    BUDGET_PARAM,
+    BUDGETS_TOPIC,
+    NODE_EVENTS_TOPIC,
+    PROFILES_TOPIC,
+    ModelProfile,
+    NodeEvent,
+)
 from dynnet_ros.budget.sources import MemoryReading, MemorySource
 from dynnet_ros.nodes import diagnostics as diag
 from dynnet_ros.nodes.base import ParamSpec, declare
@@ -112,6 +119,7 @@ class BudgetController:
         self._t0 = time.monotonic()
         self.pub = node.create_publisher(String, BUDGETS_TOPIC, 10)
         node.create_subscription(String, PROFILES_TOPIC, self._on_profile, 10)
+        node.create_subscription(String, NODE_EVENTS_TOPIC, self._on_node_event, 10)
         node.add_on_set_parameters_callback(self._on_set_parameters)
         self._timer = node.create_timer(1.0 / self.params["monitor_hz"], self.tick)
 
@@ -154,6 +162,21 @@ class BudgetController:
             self.node.get_logger().warn(f"ignoring model profile: {exc}", throttle_duration_sec=10.0)
             return
         self.planner.observe_profile(profile, self._now())
+
+    def _on_node_event(self, msg: String) -> None:
+        """A supervisor reports a node's death; an OOM kill caps that node before it returns."""
+        try:
+            event = NodeEvent.from_json(msg.data)
+        except ValueError as exc:
+            self.node.get_logger().warn(f"ignoring node event: {exc}", throttle_duration_sec=10.0)
+            return
+        if event.kind != "oom_kill":
+            return
+        action = self.planner.record_oom(event.node, self._now(), event.evidence, event.event)
+        cap = "no figure for it known" if action.cap_mb is None else f"budget capped at {action.cap_mb:.1f} MB"
+        self.node.get_logger().warn(f"{event.node} was OOM-killed ({event.evidence}): {cap}, reserve "
+                                    f"+{action.reserve_add_mb:.1f} MB for {self.planner.config.oom.hold_s:g} s")
+        self.tick()  # re-plan and publish now: the supervisor waits for this answer to restart the node
 
     # ------------------------------------------------------------------ the loop
     def tick(self) -> None:
@@ -237,7 +260,14 @@ class BudgetController:
             "bad_profiles": self.bad_profiles, "last_bad_profile": self._last_profile_error or "",
             "allocate": self.params["allocate"],
             "starved": ",".join(r.starved), "waiting_for_first_frame": ",".join(r.waiting),
+            "oom_killed": ",".join(o.node for o in r.oom_kills),
         }
+        for oom in r.oom_kills:
+            key = oom.node.lstrip("/")
+            values[f"{key}.oom_cap_mb"] = oom.cap_mb
+            values[f"{key}.oom_reserve_add_mb"] = oom.reserve_add_mb
+            values[f"{key}.oom_evidence"] = oom.evidence
+            values[f"{key}.oom_remaining_s"] = oom.remaining_s
         if self.last_reading is not None:
             values["memory_candidates"] = self.last_reading.details.get("candidates", {})
             values["gpu_shared_mb"] = self.last_reading.gpu_shared_mb
@@ -253,6 +283,10 @@ class BudgetController:
             need = sum(nb.min_mb for nb in r.nodes.values())
             level, message = diag.ERROR, (f"DNN pool {r.total_mb:.0f} MB < sum of minimums {need:.0f} MB; "
                                           f"starved: {', '.join(r.starved)}")
+        elif r.oom_kills:
+            capped = ", ".join(f"{o.node} (OOM-killed: {'no cap' if o.cap_mb is None else f'cap {o.cap_mb:.1f} MB'}, "
+                               f"reserve +{o.reserve_add_mb:.1f} MB)" for o in r.oom_kills)
+            level, message = diag.WARN, f"{r.total_mb:.0f} MB shared; taken from the DNNs after OOM kills: {capped}"
         elif r.pressure:
             level, message = diag.WARN, f"memory pressure: {r.total_mb:.0f} MB shared, some models swap"
         elif not r.nodes:

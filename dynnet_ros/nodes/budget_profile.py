@@ -21,6 +21,9 @@ from dynnet_ros.budget.protocol import PROFILES_TOPIC, ModelProfile
 from dynnet_ros.engine.memtrim import release_memory
 from dynnet_ros.engine.procmem import ProcessMemory, process_memory
 
+#: How long closing waits for a profile being published; within the shutdown watchdog's limit.
+CLOSE_WAIT_S = 0.5
+
 
 def memory_now() -> ProcessMemory:
     """This process's memory now (RSS and its anonymous part): the baseline before a model loads."""
@@ -110,10 +113,12 @@ class ProfilePublisher:
                 self._publish()
 
     def close(self) -> None:
-        """No publishing from now on (waits for one in flight): the node is about to be destroyed,
-        and the worker or the announcing thread may still try."""
-        with self._lock:
-            self._closed = True
+        """No publishing from now on: the node is about to be destroyed, and the worker or the
+        announcing thread may still try. Waits briefly for a publish in flight; one still sizing
+        the model in a child process (seconds) sees the flag before it publishes instead."""
+        self._closed = True
+        if self._lock.acquire(timeout=CLOSE_WAIT_S):
+            self._lock.release()
 
     def _publish(self) -> None:
         try:
@@ -134,7 +139,8 @@ class ProfilePublisher:
             profile = self.hold.update(profile, time.monotonic(), self._size(), announced)
             if announced is None:  # a budget now could miss the size classes about to be announced
                 profile = replace(profile, measured=False)
-            self._pub.publish(String(data=profile.to_json()))
+            if not self._closed:
+                self._pub.publish(String(data=profile.to_json()))
         except Exception as exc:  # noqa: BLE001 — a profile is advisory; never take the node down
             if self._node.context.ok():
                 self._node.get_logger().warn(f"budget profile not published: {exc}",

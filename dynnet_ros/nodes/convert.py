@@ -85,24 +85,30 @@ def array_to_image(array: np.ndarray, encoding: str, header=None) -> Image:
     return msg
 
 
-def image_to_rgb_float(msg: Image) -> np.ndarray:
-    """Any supported image -> HxWx3 float32 RGB in [0, 1] (what the zoo models take)."""
+def image_to_rgb8(msg: Image) -> np.ndarray:
+    """Any supported image -> HxWx3 uint8 RGB, the frame the perception cores take.
+
+    rgb8 frames come back as a view over the message (no copy); the other encodings are
+    converted once (channel order, alpha dropped, grey repeated, 16-bit and 0..1 float scaled).
+    """
     array = image_to_array(msg)
     encoding = msg.encoding
-    if encoding in ("rgb8", "rgba8"):
-        rgb = array[:, :, :3].astype(np.float32) / 255.0
-    elif encoding in ("bgr8", "bgra8"):
-        rgb = array[:, :, 2::-1].astype(np.float32) / 255.0
-    elif encoding == "mono8":
-        rgb = np.repeat(array[:, :, None].astype(np.float32) / 255.0, 3, axis=2)
+    if encoding == "rgb8":
+        return array
+    if encoding in ("bgr8", "bgra8"):
+        return np.ascontiguousarray(array[:, :, 2::-1])
+    if encoding == "rgba8":
+        return np.ascontiguousarray(array[:, :, :3])
+    if encoding == "mono8":
+        grey = array
     elif encoding in ("mono16", "16UC1"):
-        rgb = np.repeat(array[:, :, None].astype(np.float32) / 65535.0, 3, axis=2)
+        grey = (array >> 8).astype(np.uint8)
     else:  # 32FC1: intensities expected in [0, 1]
         if not np.all(np.isfinite(array)):
             bad = int(np.count_nonzero(~np.isfinite(array)))
             raise ValueError(f"32FC1 image has {bad} NaN/inf pixel(s) of {array.size}")
-        rgb = np.repeat(np.clip(array, 0.0, 1.0)[:, :, None], 3, axis=2)
-    return np.ascontiguousarray(rgb)
+        grey = np.rint(np.clip(array, 0.0, 1.0) * 255.0).astype(np.uint8)
+    return np.repeat(grey[:, :, None], 3, axis=2)
 
 
 # --------------------------------------------------------------------------- PointCloud2

@@ -1,27 +1,33 @@
-"""Depth node: camera image + projected LiDAR -> /depth/image (32FC1 metres, camera resolution).
+"""Depth node: camera image + LiDAR -> /depth/image (32FC1 metres, camera resolution).
 
-The newest /lidar/points cloud (if younger than `lidar_max_age_s`) is moved into the camera
-frame with the `lidar_to_camera` extrinsic, projected with the /camera/camera_info intrinsics
-(rescaled to the model's input size) into a sparse depth channel, and fed to the model next to
-the image. Without a cloud or CameraInfo the channel is all zeros ("no return").
+An adapter over ``perception.DepthEstimator``. The newest /lidar/points cloud (if younger than
+`lidar_max_age_s`) is moved into the camera frame with the `lidar_to_camera` extrinsic and
+handed to the core with the /camera/camera_info intrinsics. What the core does with it depends
+on the model's format: the zoo's RGB+LiDAR model takes it as a sparse depth channel; a relative
+inverse-depth model (MiDaS / Depth Anything style) is made metric by a robust fit to it (held
+from the last good fit when too few points land on the frame; fit residual and point count in
+/diagnostics); a metric model's output is scaled by `depth_scale`. Without a cloud or
+CameraInfo the core runs on the image alone.
 """
 from __future__ import annotations
 
 import sys
 import threading
+from typing import Any
 
 import numpy as np
 from rclpy.qos import qos_profile_sensor_data
 from rclpy.time import Time
 from sensor_msgs.msg import Image, PointCloud2
 
-from dynnet_ros.engine import Engine
 from dynnet_ros.nodes.base import ParamSpec, run_node
 from dynnet_ros.nodes.convert import array_to_image, cloud_to_xyzi
-from dynnet_ros.nodes.frame_memory import InputBuffer, to_source_lean
-from dynnet_ros.nodes.geometry import Letterbox, extrinsic_matrix, project_depth, transform_points
-from dynnet_ros.nodes.model_node import OUTPUT_QOS, FrameInfo, ModelInterface, ModelNode, common_specs
+from dynnet_ros.nodes.geometry import extrinsic_matrix, transform_points
+from dynnet_ros.nodes.model_node import OUTPUT_QOS, FrameInfo, ModelNode, common_specs, format_check, input_size
 from dynnet_ros.nodes.scene import lidar_to_camera_xyzrpy
+from dynnet_ros.perception import DepthEstimator
+from dynnet_ros.perception.formats.depth import DEPTH_FORMATS
+from dynnet_ros.perception.results import DepthFit
 
 
 def _check_extrinsic(values: list[float]) -> str | None:
@@ -33,7 +39,12 @@ def _check_extrinsic(values: list[float]) -> str | None:
 
 
 TASK_PARAMETERS = [
-    ParamSpec("depth_scale", 1.0, "Multiplier from model output to metres.", low=1e-3, high=1e3),
+    ParamSpec("model_format", "auto", "Depth export format: 'auto' (decided from the model's signature and "
+              "metadata; the decision and its reason are logged and in /diagnostics) or one of "
+              f"{', '.join(DEPTH_FORMATS)} (docs/models.md). A change loads the model again.",
+              check=format_check(DEPTH_FORMATS)),
+    ParamSpec("depth_scale", 1.0, "Metric models: multiplier from model output to metres (relative models are "
+              "scaled by the LiDAR fit and need 1.0).", low=1e-3, high=1e3),
     ParamSpec("max_depth_m", 100.0, "Output depths are clipped to [0, max_depth_m].", low=0.1, high=1e4),
     ParamSpec("lidar_to_camera", lidar_to_camera_xyzrpy(),
               "Transform mapping LiDAR points into the camera frame: [x, y, z, roll, pitch, yaw] "
@@ -46,26 +57,40 @@ TASK_PARAMETERS = [
 PARAMETERS = common_specs("depth") + TASK_PARAMETERS
 
 
+def make_depth_estimator(path: str, params: dict[str, Any], memory_budget_mb: float | None,
+                         **engine: Any) -> DepthEstimator:
+    """The node's DepthEstimator for ``params`` (also what `dynnet up` measures footprints with)."""
+    return DepthEstimator(path, model_format=params["model_format"], depth_scale=float(params["depth_scale"]),
+                          max_depth_m=float(params["max_depth_m"]), backend=params["backend"],
+                          memory_budget_mb=memory_budget_mb, threads=int(params["threads"]) or None,
+                          input_size=input_size(path, params), **engine)
+
+
 class DepthNode(ModelNode):
     task = "depth"
-    extra_input_channels = 1  # the LiDAR depth channel
-    # the float32 depth map at camera size (4 B/px) and its two message copies (8 B/px)
-    output_bytes_per_pixel = 12.0
+    extra_input_channels = 1  # the zoo model's LiDAR depth channel
+    # float32 maps at camera size (the output mapped back, the metric map: 8 B/px) and the
+    # output message's two copies (8 B/px)
+    output_bytes_per_pixel = 16.0
 
     def __init__(self) -> None:
-        self._lidar_buffer = InputBuffer(1)
-        super().__init__("depth_node", TASK_PARAMETERS)
         self._cloud_lock = threading.Lock()
         self._cloud: tuple[Time, np.ndarray] | None = None
         self._lidar_in_view = 0
+        self._fit: DepthFit | None = None
+        super().__init__("depth_node", TASK_PARAMETERS)
         self.depth_pub = self.create_publisher(Image, "depth/image", OUTPUT_QOS)
         self.create_subscription(PointCloud2, "lidar/points", self._on_cloud, qos_profile_sensor_data,
                                  callback_group=self.io_group)
 
-    def check_model(self, engine: ModelInterface | Engine) -> None:
-        names = {s.name for s in engine.inputs}
-        if names != {"image", "lidar_depth"}:
-            raise ValueError(f"model has inputs {sorted(names)}; a depth model needs ['image', 'lidar_depth']")
+    def build_core(self, path: str, params: dict[str, Any], memory_budget_mb: float | None) -> DepthEstimator:
+        return make_depth_estimator(path, params, memory_budget_mb, swappable=True)
+
+    def validate_task_params(self, merged: dict[str, Any], updates: dict[str, Any]) -> None:
+        # a model change is checked by the new core itself
+        if "depth_scale" in updates and merged["depth_scale"] != 1.0 and self.core.format.relative \
+                and not {"model_path", "model_format"} & set(updates):
+            raise ValueError("depth_scale applies to metric outputs; this relative model is scaled by the LiDAR fit")
 
     def _on_cloud(self, msg: PointCloud2) -> None:
         """Parse on arrival: a malformed cloud is reported and dropped, the last good one stays."""
@@ -78,48 +103,39 @@ class DepthNode(ModelNode):
         with self._cloud_lock:
             self._cloud = (Time.from_msg(msg.header.stamp), points)
 
-    def _lidar_channel(self, msg: FrameInfo, letterbox: Letterbox) -> np.ndarray:
-        """The sparse LiDAR depth in the reused 1x1xHxW input tensor (returns its HxW plane)."""
+    def _camera_points(self, frame: FrameInfo) -> np.ndarray | None:
+        """The newest cloud in the camera's optical frame, or None when it is missing or stale."""
         with self._cloud_lock:
             cloud = self._cloud
-        channel = self._lidar_buffer.get(letterbox.pad_h, letterbox.pad_w)[0, 0]
-        channel.fill(0.0)
-        self._lidar_in_view = 0
-        k = self.intrinsics_for(int(msg.width), int(msg.height))
-        if cloud is None or k is None:
-            return channel
+        if cloud is None:
+            return None
         stamp, points = cloud
-        age = abs((Time.from_msg(msg.header.stamp) - stamp).nanoseconds) * 1e-9
+        age = abs((Time.from_msg(frame.header.stamp) - stamp).nanoseconds) * 1e-9
         if age > self.params["lidar_max_age_s"]:
-            return channel
-        cam = transform_points(extrinsic_matrix(self.params["lidar_to_camera"]), points[:, :3])
-        sparse = project_depth(cam, letterbox.scale_intrinsics(k), letterbox.new_h, letterbox.new_w)
-        channel[: letterbox.new_h, : letterbox.new_w] = sparse
-        self._lidar_in_view = int(np.count_nonzero(sparse))
-        return channel
+            return None
+        return transform_points(extrinsic_matrix(self.params["lidar_to_camera"]), points[:, :3])
 
-    def infer(self, msg: FrameInfo, image: np.ndarray, letterbox: Letterbox, engine: Engine) -> None:
-        lidar = self._lidar_channel(msg, letterbox)
-        lidar_input = self._lidar_buffer.array
-        if lidar_input is None:  # _lidar_channel() has sized the buffer for this frame
-            raise RuntimeError("LiDAR input buffer was not allocated")
-        out = engine.run({"image": image, "lidar_depth": lidar_input})
-        depth = out.pop("depth")
-        del out
-        if depth.ndim != 4 or depth.shape[2:] != lidar.shape:
-            raise ValueError(f"depth model returned shape {list(depth.shape)}, expected [1, 1, {lidar.shape[0]}, "
-                             f"{lidar.shape[1]}]")
-        full = to_source_lean(letterbox, depth[0, 0])
-        scale = np.float32(self.params["depth_scale"])
-        # one camera-size float32 array, edited in place (the output map itself when rescaled)
-        full = np.multiply(full, scale) if np.may_share_memory(full, depth) else np.multiply(full, scale, out=full)
-        del depth
-        np.nan_to_num(full, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
-        np.clip(full, 0.0, self.params["max_depth_m"], out=full)
-        self.depth_pub.publish(array_to_image(full, "32FC1", msg.header))
+    def infer(self, frame: FrameInfo, rgb: np.ndarray, core: DepthEstimator) -> None:  # type: ignore[override]
+        if not core.format.relative:  # read per frame: a change takes effect without reloading the model
+            core.depth_scale = float(self.params["depth_scale"])
+        core.max_depth_m = float(self.params["max_depth_m"])
+        k = self.intrinsics_for(frame.width, frame.height)
+        points = self._camera_points(frame) if k is not None else None
+        depth = core(rgb, points, k) if points is not None else core(rgb)
+        self._lidar_in_view = depth.lidar_points
+        self._fit = depth.fit
+        self.depth_pub.publish(array_to_image(depth.metres, "32FC1", frame.header))
 
     def extra_diagnostics(self) -> dict:
-        return {"lidar_pixels_in_view": self._lidar_in_view, "depth_scale": self.params["depth_scale"]}
+        values: dict[str, Any] = {"lidar_pixels_in_view": self._lidar_in_view,
+                                  "depth_scale": self.params["depth_scale"]}
+        if self.core.format.relative:
+            fit = self._fit
+            values.update({"fit_points": fit.points if fit else 0, "fit_inliers": fit.inliers if fit else 0,
+                           "fit_residual_inv_m": fit.residual if fit else None,
+                           "fit_held": fit.held if fit else False,
+                           "fit_scale": fit.scale if fit else None, "fit_shift": fit.shift if fit else None})
+        return values
 
 
 def main(args: list[str] | None = None) -> int:

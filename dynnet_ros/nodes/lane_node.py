@@ -1,59 +1,97 @@
-"""Lane segmentation node: /camera/image_raw -> /lane/mask (mono8, camera resolution).
+"""Lane segmentation node: /camera/image_raw -> /lane/mask (mono8, camera resolution) [+ /lane/labels].
 
-The mask is 255 where the lane probability is >= `lane_threshold`, else 0.
+An adapter over ``perception.Segmenter``: one-channel probability/logit maps (the zoo's lane
+model, a binary road or lane export) and multi-class logits ``[1, C, H, W]`` both run here. The
+mask is 255 where the lane probability (of the classes in ``classes`` for a multi-class model)
+is >= ``lane_threshold``, else 0. A multi-class model also gets /lane/labels: the class map as a
+colour-coded rgb8 image (one fixed colour per class id), for RViz or rqt_image_view.
 """
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import numpy as np
 from sensor_msgs.msg import Image
 
-from dynnet_ros.engine import Engine
 from dynnet_ros.nodes.base import ParamSpec, run_node
 from dynnet_ros.nodes.convert import array_to_image
-from dynnet_ros.nodes.frame_memory import to_source_lean
-from dynnet_ros.nodes.geometry import Letterbox
-from dynnet_ros.nodes.model_node import OUTPUT_QOS, FrameInfo, ModelInterface, ModelNode, common_specs
+from dynnet_ros.nodes.model_node import (
+    OUTPUT_QOS,
+    FrameInfo,
+    ModelNode,
+    class_list,
+    common_specs,
+    format_check,
+    input_size,
+)
+from dynnet_ros.perception import Segmenter
+from dynnet_ros.perception.formats.segmentation import segmentation_formats
 
 TASK_PARAMETERS = [
+    ParamSpec("model_format", "auto", "Segmentation export format: 'auto' (decided from the model's signature; "
+              "the decision and its reason are logged and in /diagnostics) or one of "
+              f"{', '.join(segmentation_formats())} (docs/models.md). A change loads the model again.",
+              check=format_check(segmentation_formats())),
+    ParamSpec("classes", [""], "Multi-class models: class names or ids that form the lane mask ([''] = every "
+              "class but 0, the background). A change loads the model again.", kind="string_array"),
+    ParamSpec("output_name", "", "The model output to decode when it has several (empty = the first). A change "
+              "loads the model again."),
     ParamSpec("lane_threshold", 0.5, "Lane probability at or above which a pixel is marked 255.", low=0.0, high=1.0),
 ]
 #: every parameter lane_node declares (also what `dynnet up` and the launch file check a config against)
 PARAMETERS = common_specs("lane") + TASK_PARAMETERS
 
 
+def make_segmenter(path: str, params: dict[str, Any], memory_budget_mb: float | None, **engine: Any) -> Segmenter:
+    """The node's Segmenter for ``params`` (also what `dynnet up` measures footprints with)."""
+    return Segmenter(path, model_format=params["model_format"], classes=class_list(params["classes"]),
+                     output_name=params["output_name"] or None, threshold=float(params["lane_threshold"]),
+                     backend=params["backend"], memory_budget_mb=memory_budget_mb,
+                     threads=int(params["threads"]) or None, input_size=input_size(path, params), **engine)
+
+
+def label_colours(class_map: np.ndarray) -> np.ndarray:
+    """HxW class ids -> HxWx3 uint8: a fixed, well-spread colour per id (0 black), so the same
+    class keeps its colour from frame to frame and run to run."""
+    ids = class_map.astype(np.uint32)
+    hue = (ids * 2654435761) & 0xFFFFFF  # Knuth's multiplicative hash spreads neighbouring ids
+    rgb = np.stack([(hue >> 16) & 0xFF, (hue >> 8) & 0xFF, hue & 0xFF], axis=-1).astype(np.uint8)
+    rgb |= np.uint8(0x40)  # no near-black class colours
+    rgb[class_map == 0] = 0
+    return rgb
+
+
 class LaneNode(ModelNode):
     task = "lane"
-    # the mask (1 B/px) and its message copies (2 B/px); a downscaled frame's map back at camera size
-    output_bytes_per_pixel = 3.0
-    scaled_output_bytes_per_pixel = 4.0
+    core_params = ("classes", "output_name")
+    # probability (4 B/px), mask (1), mono8 mask (1) and its message copies (2) at camera size
+    output_bytes_per_pixel = 8.0
 
     def __init__(self) -> None:
         super().__init__("lane_node", TASK_PARAMETERS)
         self.mask_pub = self.create_publisher(Image, "lane/mask", OUTPUT_QOS)
+        self.labels_pub = self.create_publisher(Image, "lane/labels", OUTPUT_QOS)
         self._lane_fraction = 0.0
 
-    def check_model(self, engine: ModelInterface | Engine) -> None:
-        names = sorted(s.name for s in engine.inputs)
-        if names != ["image"] or "lane_prob" not in engine.outputs:
-            raise ValueError(f"model has inputs {names} and outputs {engine.outputs}; a lane model takes 'image' "
-                             f"only and returns 'lane_prob'")
+    def build_core(self, path: str, params: dict[str, Any], memory_budget_mb: float | None) -> Segmenter:
+        return make_segmenter(path, params, memory_budget_mb, swappable=True)
 
-    def infer(self, frame: FrameInfo, image: np.ndarray, letterbox: Letterbox, engine: Engine) -> None:
-        prob = engine.run({"image": image})["lane_prob"]
-        if prob.ndim != 4 or prob.shape[2:] != image.shape[2:]:
-            raise ValueError(f"lane model returned shape {list(prob.shape)}, expected [1, 1, "
-                             f"{image.shape[2]}, {image.shape[3]}]")
-        full = to_source_lean(letterbox, prob[0, 0])  # a view of the output when not rescaled
-        mask = np.greater_equal(full, np.float32(self.params["lane_threshold"])).view(np.uint8)
-        del full, prob
+    def infer(self, frame: FrameInfo, rgb: np.ndarray, core: Segmenter) -> None:  # type: ignore[override]
+        result = core(rgb)
+        if result.probability is not None:  # the threshold applies per frame, no reload
+            mask = np.greater_equal(result.probability, np.float32(self.params["lane_threshold"])).view(np.uint8)
+        else:
+            mask = result.mask.view(np.uint8)
         self._lane_fraction = float(np.count_nonzero(mask)) / mask.size
-        mask *= 255  # in place: 1 -> 255
-        self.mask_pub.publish(array_to_image(mask, "mono8", frame.header))
+        self.mask_pub.publish(array_to_image(mask * np.uint8(255), "mono8", frame.header))
+        if result.class_map is not None:
+            self.labels_pub.publish(array_to_image(label_colours(result.class_map), "rgb8", frame.header))
 
     def extra_diagnostics(self) -> dict:
-        return {"lane_threshold": self.params["lane_threshold"], "lane_pixel_fraction": self._lane_fraction}
+        return {"lane_threshold": self.params["lane_threshold"], "lane_pixel_fraction": self._lane_fraction,
+                "classes": ",".join(class_list(self.params["classes"])) or "(every class)",
+                "output_name": getattr(self.core, "output_name", "")}
 
 
 def main(args: list[str] | None = None) -> int:

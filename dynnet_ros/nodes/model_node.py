@@ -1,16 +1,21 @@
-"""The shared base of the lane, pedestrian and depth nodes.
+"""The shared base of the lane, pedestrian and depth nodes: ROS adapters over the perception cores.
+
+A node turns a camera message into an HxWx3 uint8 RGB frame, hands it to its core
+(``dynnet_ros.perception``: format decoding, preprocessing and the Engine live there) and turns
+the typed result into messages, header copied. The core's Engine is the one the budget machinery
+steers (budgets, size-class minimums, calibration).
 
 Threading model: the subscription callback only parks the newest Image in a one-slot mailbox
 (an older unprocessed frame is dropped and counted), and one worker thread runs the model on
 whatever is newest. Latency therefore stays bounded by one inference, never by a queue.
-Parameter changes are validated (and a new engine loaded) in the on-set callback; the worker
+Parameter changes are validated (and a new core loaded) in the on-set callback; the worker
 sees them from its next frame on.
 
 Memory: the node's budget (``memory_budget_mb``) bounds its RSS growth since before the model
 loaded, so the node charges its own per-frame memory (camera messages in flight, the model-input
 tensors it fills, post-processing; ``frame_memory.frame_bytes``) to it and hands its engine the
-rest. Frames are converted from views over the message data into one reused input tensor, and
-the message is released before the engine runs (docs/budget.md, "node memory").
+rest. An rgb8 frame reaches the core as a view over the message data, so the message being
+processed is one of the buffers charged (docs/budget.md, "node memory").
 """
 from __future__ import annotations
 
@@ -33,21 +38,26 @@ from dynnet_ros.budget.protocol import size_key
 from dynnet_ros.engine import Engine
 from dynnet_ros.engine.backends import available_backends
 from dynnet_ros.engine.memtrim import release_memory
-from dynnet_ros.engine.model_io import input_specs, output_names
-from dynnet_ros.engine.plan.loader import load_skeleton
 from dynnet_ros.engine.procmem import process_memory
+from dynnet_ros.mapper.runtime import StageExecutor
 from dynnet_ros.nodes import diagnostics as diag
 from dynnet_ros.nodes.base import ParamSpec, declare
 from dynnet_ros.nodes.budget_profile import ProfilePublisher, memory_now, prewarm_runtime
-from dynnet_ros.nodes.convert import image_to_array
-from dynnet_ros.nodes.frame_memory import FrameBytes, InputBuffer, frame_bytes
-from dynnet_ros.nodes.geometry import Letterbox, plan_letterbox, validate_intrinsics
+from dynnet_ros.nodes.convert import image_to_rgb8
+from dynnet_ros.nodes.frame_memory import FrameBytes, frame_bytes
+from dynnet_ros.nodes.mapped import MappedSettings, mapped_diagnostics, open_mapped, tune
 from dynnet_ros.nodes.sensor_sim import parse_resolution
 from dynnet_ros.nodes.stats import FrameStats
+from dynnet_ros.perception.core import PerceptionCore
+from dynnet_ros.perception.letterbox import Letterbox, plan_letterbox
+from dynnet_ros.perception.model_info import ModelInfo, read_model_info
+from dynnet_ros.perception.projection import validate_intrinsics
 from dynnet_ros.units import to_mb
 from dynnet_ros.zoo import ensure_model
 
-ENGINE_PARAMS = ("model_path", "backend", "threads")
+#: parameters whose change builds a new core (loaded beside the old one, which serves until then);
+#: each node adds its own (``ModelNode.core_params``)
+ENGINE_PARAMS = ("model_path", "model_format", "backend", "threads", "max_input_side")
 #: parameters whose change re-computes the minimums the node announces per input size class
 ANNOUNCE_PARAMS = ("camera_sizes", "max_input_side")
 # Outputs: reliable (so RViz / `ros2 topic echo` defaults receive them, and best-effort
@@ -66,19 +76,38 @@ DEFAULT_CAMERA = (640, 480, 3)
 MESSAGE_HOLD_S = 30.0
 
 
-@dataclass(frozen=True)
-class ModelInterface:
-    """A model's inputs and outputs, read from its graph without loading its weights."""
+def fixed_input(info: ModelInfo) -> bool:
+    """The model's image input has a fixed height and width (frames are letterboxed to it, so
+    ``max_input_side`` does not apply)."""
+    for spec in info.inputs:
+        if spec.rank != 4:
+            continue
+        spatial = spec.dims[2:] if spec.dims[1] == 3 else spec.dims[1:3] if spec.dims[3] == 3 else ()
+        if spatial and all(isinstance(d, int) for d in spatial):
+            return True
+    return False
 
-    inputs: list
-    outputs: list[str]
+
+def input_size(path: str, params: dict[str, Any]) -> int | None:
+    """The ``input_size`` option for a core: ``max_input_side`` for a dynamic-input model (frames
+    fitted into a square of that side, 0 = as they come), None for a fixed-input one."""
+    return None if fixed_input(read_model_info(path)) else int(params["max_input_side"])
 
 
-def model_interface(path: str) -> ModelInterface:
-    """ValueError for a missing, unreadable or invalid model file (the same messages as Engine)."""
+def class_list(values: list[str]) -> list[str]:
+    """A ``classes`` parameter as the cores take it: blank entries dropped (a ROS string array
+    cannot be declared or written in YAML empty, so [''] stands for "every class")."""
+    return [v.strip() for v in values if v.strip()]
 
-    proto = load_skeleton(path)
-    return ModelInterface(input_specs(proto), output_names(proto))
+
+def format_check(formats) -> Any:
+    """A ParamSpec check: ``model_format`` is ``auto`` or one of ``formats`` (whether the model
+    fits it is checked when the core loads)."""
+    choices = ["auto", *formats]
+
+    def check(value: str) -> str | None:
+        return None if value in choices else f"model_format must be one of {choices}, got {value!r}"
+    return check
 
 
 @dataclass(frozen=True)
@@ -120,8 +149,16 @@ def common_specs(task: str) -> list[ParamSpec]:
         ParamSpec("memory_budget_mb", 0.0, "Memory budget for this model in MiB (0 = unlimited); passed to "
                   "Engine.set_memory_budget.", low=0.0, high=1.0e6),
         ParamSpec("enabled", True, "Process frames; false stops inference and output (diagnostics continue)."),
-        ParamSpec("max_input_side", 640, "Downscale camera frames whose longer side exceeds this before "
-                  "padding to multiples of 32 (0 = never downscale).", low=0, high=8192),
+        ParamSpec("max_input_side", 640, "Dynamic-input models: fit camera frames into a square of this side "
+                  "(the zoo's models only shrink, exports such as Ultralytics' also enlarge) before padding to "
+                  "the model's stride (0 = the camera size). Fixed-input models ignore it.", low=0, high=8192),
+        ParamSpec("mapping", "", "Mapped mode (docs/mapper.md): a mapping file that cuts the model into stages "
+                  "run on compute units, answering at the first confident exit; empty = unmapped. A file that "
+                  "does not load is rejected and the previous mapping keeps serving."),
+        ParamSpec("exit_threshold", -1.0, "Mapped mode: the confidence every early exit needs to answer "
+                  "(< 0 = the mapping file's thresholds).", low=-1.0, high=1.0),
+        ParamSpec("deadline_ms", 0.0, "Mapped mode: answer by this time with the deepest exit done "
+                  "(0 = the mapping file's deadline, or none).", low=0.0, high=1.0e5),
         ParamSpec("camera_sizes", ["320x240", "640x480", "1280x720"], "Camera resolutions (WIDTHxHEIGHT) "
                   "whose minimum budgets the node announces to the budget manager before such a frame "
                   "arrives; sizes not listed are announced once seen.", kind="string_array",
@@ -133,16 +170,15 @@ class ModelNode(Node):
     """Camera frames in, one model run per newest frame, task-specific outputs out."""
 
     task = "model"
+    #: the zoo models' stride: what the first frame's memory is estimated with before the core loads
     input_multiple = 32
-    #: value of the letterbox padding in the model input
-    pad_value = 0.0
-    #: model-input channels the node fills besides the 3 image channels (depth: the LiDAR channel)
+    #: task parameters whose change builds a new core (besides ``ENGINE_PARAMS``)
+    core_params: tuple[str, ...] = ()
+    #: model-input channels the core fills besides the 3 image channels (depth: the LiDAR channel)
     extra_input_channels = 0
-    #: post-processing bytes per camera pixel (output arrays and the output message), and a constant
+    #: post-processing bytes per camera pixel (result arrays and the output message), and a constant
     output_bytes_per_pixel = 0.0
     output_const_bytes = 64 * 1024
-    #: ...and what mapping a downscaled result back to camera pixels adds per camera pixel
-    scaled_output_bytes_per_pixel = 0.0
 
     def __init__(self, node_name: str, task_specs: list[ParamSpec]) -> None:
         super().__init__(node_name)
@@ -151,11 +187,11 @@ class ModelNode(Node):
         self._engine_lock = threading.Lock()   # held while the worker runs a frame
         self._state_lock = threading.Lock()
         self._budget_lock = threading.Lock()   # node budget -> engine budget, one change at a time
-        self._image_buffer = InputBuffer(3)
         width, height, channels = DEFAULT_CAMERA
         self._frame_key: tuple | None = None
+        side = int(self.params["max_input_side"])  # the zoo's letterbox until the core decides its own
         self.frame: FrameBytes = self.frame_bytes(width * height * channels, plan_letterbox(
-            height, width, multiple=self.input_multiple, max_side=int(self.params["max_input_side"])))
+            height, width, target=(side, side) if side else None, multiple=self.input_multiple, scaleup=False))
         self._engine_budget_mb: float | None = None   # what the engine was handed
         self._frame_warned: set = set()
         self._last_refused: tuple | None = None   # (camera size, budget) the engine refused last frame
@@ -165,7 +201,7 @@ class ModelNode(Node):
         prewarm_runtime()
         rss_before_model = memory_now()  # budget baseline: a budget bounds RSS growth from here
         # built inside its budget: an in-memory engine first would double the start-up peak
-        self.engine = self._load_engine(self.params)
+        self.core: PerceptionCore = self._load_core(self.params)
         self._held_after_load_mb = memory_now().rss_mb - rss_before_model.rss_mb
 
         self.stats = FrameStats()
@@ -173,9 +209,17 @@ class ModelNode(Node):
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._last_error: str | None = None
+        self._rejected: str | None = None   # the last model change refused (the old core kept serving)
+        self._size_publish = threading.Lock()   # held while a new size class's profile goes out
         self._last_input_shape: list[int] | None = None
         self._last_camera: tuple[int, int] | None = None
         self._camera_infos: dict[tuple[int, int], np.ndarray] = {}
+        self._mapped: StageExecutor | None = None
+        try:
+            self._mapped = self._open_mapped(self.core, self.params)
+        except ValueError as exc:  # the node serves unmapped; the reason is in its diagnostics
+            self._rejected = f"mapping {self.params['mapping']!r} not used: {exc}"
+        self.core.runner = None if self._mapped is None else self._mapped.run
 
         self.diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         # sensor callbacks and the diagnostics timer run beside the parameter services (see run_node)
@@ -190,59 +234,63 @@ class ModelNode(Node):
         self.budget_profile = ProfilePublisher(self, lambda: self.engine,
                                                lambda: self.params["memory_budget_mb"] or None, rss_before_model,
                                                frame_mb=lambda: self.frame.total_mb, size=self._size_class)
-        self._announce_sizes(self.engine, self.params)
+        self._announce_sizes(self.core, self.params)
         self._worker = threading.Thread(target=self._work, name=f"{node_name}-worker", daemon=True)
         self._worker.start()
-        self.get_logger().info(f"{self.task} model {self.engine.model_path} on {self.params['backend']}; "
-                               f"inputs {[s.describe() for s in self.engine.inputs]}")
+        self._log_core(self.core, "loaded")
+
+    @property
+    def engine(self) -> Engine:
+        """The core's Engine: what budgets, size-class minimums and calibration act on."""
+        return self.core.engine
 
     # ------------------------------------------------------------------ subclass hooks
-    def check_model(self, engine: "ModelInterface | Engine") -> None:
-        """Raise ValueError when the model (its inputs and outputs) does not fit this node's task."""
-        names = {s.name for s in engine.inputs}
-        if "image" not in names:
-            raise ValueError(f"model has inputs {sorted(names)}; a {self.task} model needs 'image'")
+    def build_core(self, path: str, params: dict[str, Any], memory_budget_mb: float | None) -> PerceptionCore:
+        """The task's perception core for ``path`` and the node's parameters (ValueError with the
+        reason when the model fits no format, the named format, or the options)."""
+        raise NotImplementedError
 
-    def infer(self, frame: FrameInfo, image: np.ndarray, letterbox: Letterbox, engine: Engine) -> None:
-        """Run the model on one frame and publish the results (header copied from ``frame``).
-
-        ``image`` is the letterboxed 1x3xHxW model input (a buffer the node reuses next frame).
-        """
+    def infer(self, frame: FrameInfo, rgb: np.ndarray, core: PerceptionCore) -> None:
+        """Run the core on one HxWx3 uint8 RGB frame and publish the results (header copied from
+        ``frame``)."""
         raise NotImplementedError
 
     def frame_bytes(self, message_bytes: int, letterbox: Letterbox) -> FrameBytes:
         """What this node holds per frame outside its engine (charged to its budget)."""
         return frame_bytes(message_bytes, letterbox, input_channels=3 + self.extra_input_channels,
                            output_bytes_per_pixel=self.output_bytes_per_pixel,
-                           output_const_bytes=self.output_const_bytes,
-                           scaled_output_bytes_per_pixel=self.scaled_output_bytes_per_pixel)
+                           output_const_bytes=self.output_const_bytes)
 
-    # ------------------------------------------------------------------ engine management
-    def _load_engine(self, params: dict[str, Any]) -> Engine:
-        path = params["model_path"]
-        if not path:
-            path = str(ensure_model(self.task))
-        threads = int(params["threads"]) or None
-        # the task check first, on the graph alone: a wrong model is named as such, not as
-        # "over budget", and is never loaded
-        self.check_model(model_interface(path))
+    # ------------------------------------------------------------------ core management
+    def _load_core(self, params: dict[str, Any]) -> PerceptionCore:
+        """The core for ``params``. The format is decided from the model's graph before its
+        weights load, so a model that does not fit is named as such, never as "over budget"."""
+        path = params["model_path"] or str(ensure_model(self.task))
         budget = self._engine_budget(params["memory_budget_mb"])
         try:
-            engine = Engine(path, backend=params["backend"], threads=threads, memory_budget_mb=budget, swappable=True)
-        except ValueError:
-            if budget is None or budget == float(params["memory_budget_mb"]):
+            core = self.build_core(path, params, budget)
+        except ValueError as exc:
+            if budget is None or budget == float(params["memory_budget_mb"]) or "memory budget" not in str(exc):
                 raise
             # The budget fits the model but not next to this node's frame buffers: start at the
             # whole budget (over it by at most the frame buffers) rather than not at all; the
             # published minimum includes the frame buffers, so the manager raises the budget.
             budget = float(params["memory_budget_mb"])
-            engine = Engine(path, backend=params["backend"], threads=threads, memory_budget_mb=budget, swappable=True)
+            core = self.build_core(path, params, budget)
             self.get_logger().warning(
                 f"memory_budget_mb {budget:g} leaves the model {budget - self.frame.total_mb:.1f} MB next to this "
                 f"node's {self.frame.total_mb:.1f} MB of frame buffers, below its minimum "
-                f"{engine.min_budget_mb():.1f} MB; running the model at {budget:g} MB")
+                f"{core.engine.min_budget_mb():.1f} MB; running the model at {budget:g} MB")
         self._engine_budget_mb = budget
-        return engine
+        return core
+
+    def _open_mapped(self, core: PerceptionCore, params: dict[str, Any]) -> StageExecutor | None:
+        """Mapped mode for ``core``'s model (None: unmapped); ValueError with the reason."""
+        return open_mapped(core.model_path, MappedSettings.from_params(params), params["memory_budget_mb"] or None)
+
+    def _log_core(self, core: PerceptionCore, what: str) -> None:
+        self.get_logger().info(f"{what} {self.task} model {core.model_path} on {self.params['backend']}: "
+                               f"format {core.format_name} ({core.format_reason}); {core.preprocess.describe()}")
 
     def _engine_budget(self, node_mb: float) -> float | None:
         """The engine's share of the node's budget: the budget minus this node's frame buffers."""
@@ -326,12 +374,17 @@ class ModelNode(Node):
                     return SetParametersResult(successful=False, reason=reason)
             updates[param.name] = value
         merged = {**self.params, **updates}
-        new_engine = None
+        new_core = None
+        new_mapped: StageExecutor | None = None
         try:
             self.validate_task_params(merged, updates)
             changed = {name for name in updates if updates[name] != self.params.get(name)}
-            if changed & set(ENGINE_PARAMS):
-                new_engine = self._load_engine(merged)  # built inside the new budget directly
+            if changed & {*ENGINE_PARAMS, *self.core_params}:
+                new_core = self._load_core(merged)  # built inside the new budget directly
+            if new_core is not None or "mapping" in changed:
+                new_mapped = self._open_mapped(new_core or self.core, merged)
+            elif changed & {"exit_threshold", "deadline_ms"} and self._mapped is not None:
+                tune(self._mapped, MappedSettings.from_params(merged))
             elif "memory_budget_mb" in updates and updates["memory_budget_mb"] != self.params["memory_budget_mb"]:
                 with self._budget_lock:  # lands between two frames
                     share = self._engine_budget(merged["memory_budget_mb"])
@@ -344,20 +397,30 @@ class ModelNode(Node):
                     with self._engine_lock:
                         self.params = {**self.params, "memory_budget_mb": merged["memory_budget_mb"]}
         except ValueError as exc:
-            if new_engine is not None:
-                new_engine.close()
+            if new_core is not None:
+                new_core.close()
+            self._rejected = f"rejected {', '.join(sorted(updates))}: {exc}"
+            self.get_logger().error(self._rejected)
+            self.publish_diagnostics()
             return SetParametersResult(successful=False, reason=str(exc))
         old = None
+        old_mapped = None
         with self._engine_lock:
-            if new_engine is not None:
-                old, self.engine = self.engine, new_engine
+            if new_core is not None:
+                old, self.core = self.core, new_core
+                self._rejected = None
+            if new_core is not None or "mapping" in changed:
+                old_mapped, self._mapped = self._mapped, new_mapped
+                self.core.runner = None if new_mapped is None else new_mapped.run
             self.params = merged
-        if old is not None and new_engine is not None:
-            old.close()  # load new -> swap -> close old: two engines only while switching
+        if old_mapped is not None:
+            old_mapped.close()
+        if old is not None and new_core is not None:
+            old.close()  # load new -> swap -> close old: two cores only while switching
             release_memory()
-            self.get_logger().info(f"switched to model {new_engine.model_path} ({merged['backend']})")
-        if new_engine is not None or changed & set(ANNOUNCE_PARAMS):
-            self._announce_sizes(self.engine, merged)
+            self._log_core(new_core, "switched to")
+        if new_core is not None or changed & set(ANNOUNCE_PARAMS):
+            self._announce_sizes(self.core, merged)
         return SetParametersResult(successful=True)
 
     def validate_task_params(self, merged: dict[str, Any], updates: dict[str, Any]) -> None:
@@ -411,20 +474,19 @@ class ModelNode(Node):
                 self.get_logger().error(traceback.format_exc())
 
     def _process_frame(self, slot: list) -> None:
-        """Run one frame; ``slot`` holds the only reference to the message, which is dropped as
-        soon as its pixels are in the input tensor (before the engine runs)."""
+        """Run one frame; ``slot`` holds the only reference to the message, dropped here (an rgb8
+        frame stays alive as the view the core reads)."""
         start = time.perf_counter()
         msg = slot.pop()
         try:
             frame = FrameInfo(msg.header, int(msg.width), int(msg.height), msg.encoding)
-            array = image_to_array(msg)  # a view over msg.data where the layout allows
-            letterbox = plan_letterbox(array.shape[0], array.shape[1], multiple=self.input_multiple,
-                                       max_side=int(self.params["max_input_side"]))
-            self._update_frame_memory(len(msg.data), letterbox)
-            image = self._image_buffer.fill_image(array, frame.encoding, letterbox, self.pad_value)
-            del array, msg  # the message's pixels are no longer needed
+            rgb = image_to_rgb8(msg)  # a view over msg.data for unpadded rgb8
+            message_bytes = len(msg.data)
+            del msg
+            letterbox = self.core.preprocess.plan(frame.height, frame.width)
+            self._update_frame_memory(message_bytes, letterbox)  # takes the budget lock: not under the engine's
             with self._engine_lock:
-                self.infer(frame, image, letterbox, self.engine)
+                self.infer(frame, rgb, self.core)
         except Exception as exc:  # bad message or inference failure: ERROR diagnostic, keep serving
             if not self.context.ok():  # shutting down: publishers are gone, nothing to report
                 self._stop.set()
@@ -437,21 +499,26 @@ class ModelNode(Node):
         self._last_input_shape = [1, 3, letterbox.pad_h, letterbox.pad_w]
         self._last_camera = (frame.width, frame.height)
         if not self.budget_profile.knows(size_key(letterbox.pad_h, letterbox.pad_w)):
-            self.budget_profile.publish()  # a new size class: its minimum goes to the manager now
+            self._publish_new_size()
         if self._last_error is not None:
             self._last_error = None
             self.publish_diagnostics()
 
-    def input_shapes(self, engine: Engine, letterbox: Letterbox) -> dict[str, tuple[int, ...]]:
-        """The shapes of the image-sized (rank-4) inputs this node feeds ``engine`` for ``letterbox``."""
-        shapes: dict[str, tuple[int, ...]] = {}
-        for spec in engine.inputs:
-            if spec.rank == 4:
-                batch, channels = (d if isinstance(d, int) else 1 for d in spec.dims[:2])
-                shapes[spec.name] = (batch, channels, letterbox.pad_h, letterbox.pad_w)
-        return shapes
+    def _publish_new_size(self) -> None:
+        """A new size class: its minimum goes to the manager now, from a thread of its own — the
+        engine may first measure its latency table at that size in a child process, and frames
+        keep being served meanwhile (one such publish at a time)."""
+        if self._size_publish.locked():
+            return
 
-    def announced_minimums(self, engine: Engine, params: dict[str, Any]) -> dict[str, float]:
+        def work() -> None:
+            with self._size_publish:
+                if self.context.ok():
+                    self.budget_profile.publish()
+
+        threading.Thread(target=work, name=f"{self.get_name()}-size-class", daemon=True).start()
+
+    def announced_minimums(self, core: PerceptionCore, params: dict[str, Any]) -> dict[str, float]:
         """The node's minimum budget per input size class for the cameras in ``camera_sizes``:
         the engine's minimum at that input size plus this node's frame buffers for it, with
         camera messages at the largest of those sizes (messages are charged at the largest size
@@ -460,9 +527,9 @@ class ModelNode(Node):
         message_bytes = max((w * h * 3 for w, h in cameras), default=0)
         out: dict[str, float] = {}
         for width, height in cameras:
-            box = plan_letterbox(height, width, multiple=self.input_multiple, max_side=int(params["max_input_side"]))
+            box = core.preprocess.plan(height, width)
             try:
-                engine_mb = engine.min_budget_mb(self.input_shapes(engine, box))
+                engine_mb = core.engine.min_budget_mb(core.input_shapes(height, width))
             except ValueError as exc:
                 self.get_logger().info(f"no announced minimum for {width}x{height} frames: {exc}")
                 continue
@@ -471,12 +538,14 @@ class ModelNode(Node):
             out[key] = max(mb, out.get(key, 0.0))
         return out
 
-    def _announce_sizes(self, engine: Engine, params: dict[str, Any]) -> None:
+    def _announce_sizes(self, core: PerceptionCore, params: dict[str, Any]) -> None:
         """Compute ``announced_minimums`` beside the node (an engine may measure a size class in a
         child process) and publish them as soon as they are known."""
+        engine = core.engine
+
         def work() -> None:
             try:
-                minimums = self.announced_minimums(engine, params)
+                minimums = self.announced_minimums(core, params)
             except Exception as exc:  # noqa: BLE001 — announcing is advisory; measured sizes still count
                 if self.context.ok():
                     self.get_logger().warning(f"size-class minimums not announced: {exc}")
@@ -531,13 +600,18 @@ class ModelNode(Node):
             "frames_dropped": self.stats.dropped,
             "frames_failed": self.stats.failed,
             "rss_mb": process_memory().rss_mb,
-            "model_path": self.engine.model_path,
+            "model_path": self.core.model_path,
+            "model_format": self.core.format_name,
+            "model_format_reason": self.core.format_reason,
+            "preprocess": self.core.preprocess.describe(),
+            "last_rejected_change": self._rejected or "",
             "backend": self.params["backend"],
             "memory_budget_mb": self.params["memory_budget_mb"],
             "enabled": self.params["enabled"],
             "last_error": self._last_error or "",
         }
         values.update(self.extra_diagnostics())
+        values.update(mapped_diagnostics(self._mapped, self.params["mapping"]))
         values.update({f"engine.{k}": v for k, v in engine_stats.items()})
         # The model's budget is the node's share; the engine itself runs in it minus the frame buffers.
         values["engine.model_budget_mb"] = typed.memory_budget_mb
@@ -559,4 +633,6 @@ class ModelNode(Node):
         self._wake.set()
         self._worker.join(timeout=5.0)
         with self._engine_lock:
-            self.engine.close()
+            if self._mapped is not None:
+                self._mapped.close()
+            self.core.close()

@@ -57,8 +57,12 @@ def measure(request: dict) -> Calibration:
     executor = _Sampling(weights=WeightFile(request["weights"]), threads=request.get("threads"))
     executor.start_sampling(baseline)
     types = executor.planned.graph.elem_types
+    values = request.get("values") or {}  # small integer inputs that steer control flow
     feeds = {name: np.zeros(shape, dtype=helper.tensor_dtype_to_np_dtype(types[name]))
              for name, shape in shapes.items()}
+    for name, value in values.items():
+        if name in feeds and np.size(value) == feeds[name].size:
+            feeds[name] = np.asarray(value, dtype=feeds[name].dtype).reshape(feeds[name].shape)
     window = executor.window
     window.set_allowance(window.min_stream_bytes)
     release_memory()  # the build's garbage (parsed graphs, planner temporaries) is not held by the engine

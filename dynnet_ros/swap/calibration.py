@@ -82,21 +82,25 @@ def shapes_key(shapes: Shapes) -> str:
 
 
 def calibration_path(weights: WeightFile, threads: int | None, shapes: Shapes,
-                     root: str | os.PathLike | None = None) -> Path:
-    """Where the measurement of ``weights`` at ``shapes`` is cached (one JSON file)."""
+                     root: str | os.PathLike | None = None, values: Mapping[str, list] | None = None) -> Path:
+    """Where the measurement of ``weights`` at ``shapes`` (and ``values``) is cached (one JSON file)."""
     profile = settings().planner.profile
+    fed = f":{json.dumps(dict(values), sort_keys=True)}" if values else ""
     key = hashlib.sha256(
         f"{CALIBRATION_VERSION}:{weights.directory.name}:{ort.__version__}:{threads}:{profile}:"
-        f"{huge_pages_available()}:{shapes_key(shapes)}".encode()).hexdigest()[:24]
+        f"{huge_pages_available()}:{shapes_key(shapes)}{fed}".encode()).hexdigest()[:24]
     return Path(root or settings().cache.swap_dir) / "calibration" / f"{key}.json"
 
 
 def load_or_measure(weights: WeightFile, threads: int | None, shapes: Shapes,
-                    root: str | os.PathLike | None = None, timeout_s: float = 600) -> Calibration:
+                    root: str | os.PathLike | None = None, timeout_s: float = 600,
+                    values: Mapping[str, list] | None = None) -> Calibration:
     """The cached calibration of ``weights`` at ``shapes``, measured in a child process if missing.
 
+    The child feeds zeros, except ``values``: the last values of the model's small integer
+    inputs (a sample rate, a mode flag), which decide control flow where zeros would not run.
     ValueError when the model cannot run at these shapes (the child's reason)."""
-    path = calibration_path(weights, threads, shapes, root)
+    path = calibration_path(weights, threads, shapes, root, values)
     cached = _read(path)
     if cached is not None:
         return cached
@@ -110,7 +114,7 @@ def load_or_measure(weights: WeightFile, threads: int | None, shapes: Shapes,
         cached = _read(path)
         if cached is not None:
             return cached
-        return _measure(path, weights, threads, shapes, timeout_s)
+        return _measure(path, weights, threads, shapes, timeout_s, values)
 
 
 def _read(path: Path) -> Calibration | None:
@@ -120,10 +124,11 @@ def _read(path: Path) -> Calibration | None:
         return None  # missing or unreadable: measured again
 
 
-def _measure(path: Path, weights: WeightFile, threads: int | None, shapes: Shapes, timeout_s: float) -> Calibration:
+def _measure(path: Path, weights: WeightFile, threads: int | None, shapes: Shapes, timeout_s: float,
+             values: Mapping[str, list] | None) -> Calibration:
     """Run the measuring child for ``shapes`` and store its result at ``path``."""
     request = {"weights": str(weights.directory), "threads": threads,
-               "shapes": {name: list(shape) for name, shape in shapes.items()}}
+               "shapes": {name: list(shape) for name, shape in shapes.items()}, "values": dict(values or {})}
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     try:
         proc = subprocess.run([sys.executable, "-m", "dynnet_ros.swap.calibrate_worker", json.dumps(request),

@@ -25,6 +25,7 @@ import onnx
 
 from dynnet_ros.engine.backends.base import Executor
 from dynnet_ros.engine.memtrim import release_memory
+from dynnet_ros.engine.ort_features import ort_features
 from dynnet_ros.swap.calibration import Calibration, load_or_measure, shapes_key
 from dynnet_ros.swap.streamed import StreamedExecutor, predict_latency_ms, prepare_weight_file
 from dynnet_ros.swap.weight_file import StoreError, WeightFile
@@ -107,12 +108,20 @@ class SwapControl:
         self._weights_error: str | None = None   # why the weights cannot be streamed
         self._rebuilt_reason: str | None = None
         self._calibrations: dict[str, Calibration] = {}
+        #: last values of the model's small integer inputs (the engine records them): calibration
+        #: feeds them instead of zeros, which may pick a control-flow path the model cannot run
+        self.control_values: dict[str, list] = {}
 
     # ------------------------------------------------------------------ the engine's own footprint
     def _weight_file(self) -> WeightFile:
         """The verified weight file (built on first use); ValueError when the weights cannot be streamed."""
         if self._weights is None:
             if self._weights_error is not None:
+                raise ValueError(self._weights_error)
+            features = ort_features()
+            if not features.initializer_by_reference:  # the window swaps bytes under the sessions
+                self._weights_error = (f"weights cannot be streamed: onnxruntime {features.version} copies "
+                                       "weights given by reference (add_initializer)")
                 raise ValueError(self._weights_error)
             try:
                 self._weights, self._rebuilt_reason = prepare_weight_file(self.model.proto, self.model.layout)
@@ -131,7 +140,8 @@ class SwapControl:
             return self.streamed.calibration(shapes)
         key = shapes_key(shapes)
         if key not in self._calibrations:
-            self._calibrations[key] = load_or_measure(self._weight_file(), self.model.threads, shapes)
+            self._calibrations[key] = load_or_measure(self._weight_file(), self.model.threads, shapes,
+                                                      values=self.control_values)
         return self._calibrations[key]
 
     def measure_ahead(self, shapes: Shapes) -> None:
@@ -146,7 +156,7 @@ class SwapControl:
             streamed.measure_ahead(shapes)
         elif weights is not None:
             try:
-                load_or_measure(weights, self.model.threads, shapes)
+                load_or_measure(weights, self.model.threads, shapes, values=self.control_values)
             except ValueError:
                 pass  # reported by the locked call that follows
 
@@ -194,6 +204,7 @@ class SwapControl:
         try:
             streamed = StreamedExecutor(threads=self.model.threads, weights=weights,
                                         rebuilt_reason=self._rebuilt_reason)
+            streamed.control_values = self.control_values  # shared: the engine keeps it current
             streamed.calibrate(shapes)
         except (ValueError, OSError) as exc:  # unexpected after the checks above: back to memory
             raise BudgetRefused(f"the streamed executor could not be built: {exc}", self.model.create_executor()) \

@@ -18,6 +18,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from dynnet_ros.engine.plan.graph import node_inputs
+
 #: (domain, op_type) of the fully-connected ops that split by output columns
 SPLITTABLE = {("", "Gemm"), ("com.microsoft", "FusedGemm")}
 
@@ -59,7 +61,8 @@ def split_large_gemms(model: onnx.ModelProto, max_bytes: int) -> dict[str, Slice
         nodes.extend(pieces or [node])
     del graph.node[:]
     graph.node.extend(nodes)
-    used = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+    # If/Loop bodies read initializers of the enclosing graph too: those stay
+    used = {name for node in graph.node for name in node_inputs(node)} | {o.name for o in graph.output}
     kept = [t for t in graph.initializer if t.name in used] + [inits[name] for name in slices]
     del graph.initializer[:]
     graph.initializer.extend(kept)

@@ -154,6 +154,7 @@ class StreamedExecutor:
         self.window = WeightWindow(self.region, self.reader, spans, self.planned.segment_weight_names())
         self.planned.segment_hook = self
         self._calibrations: dict[str, Calibration] = {}
+        self.control_values: dict[str, list] = {}  # what calibration feeds to small integer inputs (control.py)
         self._cal: Calibration | None = None  # at the input shapes in force
         self._shapes_key: str | None = None
         self._pending_shapes: Shapes | None = None  # last run's shapes, measured on demand
@@ -184,7 +185,8 @@ class StreamedExecutor:
         process, then read from the cache). ValueError: the model does not run at ``shapes``."""
         key = shapes_key(shapes)
         if key not in self._calibrations:
-            self._calibrations[key] = load_or_measure(self.file, self._threads, shapes, self._store_root)
+            self._calibrations[key] = load_or_measure(self.file, self._threads, shapes, self._store_root,
+                                                      values=self.control_values)
         return self._calibrations[key]
 
     def measure_ahead(self, shapes: Shapes) -> None:
@@ -192,7 +194,7 @@ class StreamedExecutor:
         touching this executor's state, so callers run it outside the engine's lock while frames
         go on. A failure is left to the ``calibration`` call that follows, which reports it."""
         try:
-            load_or_measure(self.file, self._threads, shapes, self._store_root)
+            load_or_measure(self.file, self._threads, shapes, self._store_root, values=self.control_values)
         except ValueError:
             pass
 

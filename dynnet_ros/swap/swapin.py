@@ -18,9 +18,10 @@ from typing import Callable
 
 import numpy as np
 
+from dynnet_ros.hostcaps import host_caps
 from dynnet_ros.units import MB
 
-ALIGN = 4096
+ALIGN = 4096  # direct I/O granularity of the weight file and its reads (the logical block of every common disk)
 
 
 def align_up(value: int, alignment: int = ALIGN) -> int:
@@ -39,26 +40,34 @@ def decide_io_mode(*, prefer_direct: bool, direct_open_ok: bool, direct_read_ok:
     return IoMode.BUFFERED
 
 
-HUGE_PAGE = 2 * MB
+HUGE_PAGE = 2 * MB  # the usual transparent huge page (x86, arm64 with 4 KiB pages); see huge_page_size
 
 
 def huge_pages_available() -> bool:
-    """Transparent huge pages usable with madvise (enabled is 'always' or 'madvise')."""
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as handle:
-            return "[never]" not in handle.read()
-    except OSError:
-        return False
+    """Transparent huge pages of at most 2 MiB usable with madvise (hostcaps.py reads the kernel's)."""
+    return host_caps().huge_page is not None
+
+
+def huge_page_size() -> int:
+    """The kernel's transparent huge page where one is usable, else the usual 2 MiB."""
+    return host_caps().huge_page or HUGE_PAGE
+
+
+def page_unit() -> int:
+    """Granularity of arena slots and of ``madvise`` ranges: the base page (4 KiB on x86 and
+    Jetson, 16/64 KiB on some arm64 kernels), never below the 4 KiB direct I/O needs."""
+    return max(ALIGN, host_caps().page_size)
 
 
 def arena_layout(spans: list[int], huge_pages: bool) -> tuple[list[int], int]:
     """Arena offset of each span and the arena size.
 
-    With huge pages every span starts on a 2 MiB boundary: a swap-in then faults in few huge
+    With huge pages every span starts on a huge-page boundary: a swap-in then faults in few huge
     pages instead of thousands of 4 KiB ones (2-3x faster direct reads measured here), and a
     swap-out frees whole huge pages.  The price is resident rounding (see ``resident_bytes``).
+    Without, spans start on base pages, so dropping one span's pages never touches another's.
     """
-    unit = HUGE_PAGE if huge_pages else ALIGN
+    unit = huge_page_size() if huge_pages else page_unit()
     offsets, cursor = [], 0
     for span in spans:
         cursor = align_up(cursor, unit)
@@ -77,13 +86,15 @@ class HostArena:
     kind = "host"
 
     def __init__(self, size: int, *, huge_pages: bool = False) -> None:
-        self.size = align_up(max(size, ALIGN))
+        self.page = page_unit()
+        self.size = align_up(max(size, ALIGN), self.page)
         self.huge_pages = huge_pages
-        extra = HUGE_PAGE if huge_pages else 0
+        self.huge_page = huge_page_size()
+        extra = self.huge_page if huge_pages else 0
         self._map = mmap.mmap(-1, self.size + extra, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
                               prot=mmap.PROT_READ | mmap.PROT_WRITE)
         whole = np.frombuffer(self._map, dtype=np.uint8)
-        self._base = (-whole.ctypes.data) % HUGE_PAGE if huge_pages else 0
+        self._base = (-whole.ctypes.data) % self.huge_page if huge_pages else 0
         del whole
         if huge_pages and hasattr(mmap, "MADV_HUGEPAGE"):
             self._map.madvise(mmap.MADV_HUGEPAGE, self._base, self.size)
@@ -95,7 +106,7 @@ class HostArena:
         return self._view[offset:offset + nbytes]
 
     def advise_spans(self, offsets: list[int], spans: list[int]) -> None:
-        """Huge pages for each span's whole 2 MiB units only; its tail stays in 4 KiB pages.
+        """Huge pages for each span's whole huge-page units only; its tail stays in base pages.
 
         Why: a 24.01 MB atom would otherwise fault a 13th huge page for its last 10 KB, and up
         to 2 MiB per resident atom is budget the scheduler could spend on prefetching instead.
@@ -103,8 +114,8 @@ class HostArena:
         if not (self.huge_pages and hasattr(mmap, "MADV_NOHUGEPAGE")):
             return
         for offset, span in zip(offsets, spans):
-            body = span // HUGE_PAGE * HUGE_PAGE
-            tail = align_up(span, HUGE_PAGE) - body
+            body = span // self.huge_page * self.huge_page
+            tail = align_up(span, self.huge_page) - body
             if tail:
                 self._map.madvise(mmap.MADV_NOHUGEPAGE, self._base + offset + body, tail)
 
@@ -116,7 +127,7 @@ class HostArena:
     def release(self, offset: int, nbytes: int) -> None:
         """Drop the pages of ``[offset, offset+nbytes)``: no write-back, zero-filled if touched."""
         if nbytes:
-            self._map.madvise(mmap.MADV_DONTNEED, self._base + offset, align_up(nbytes))
+            self._map.madvise(mmap.MADV_DONTNEED, self._base + offset, align_up(nbytes, self.page))
 
     def close(self) -> None:
         self.array = None

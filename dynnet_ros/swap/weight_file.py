@@ -39,7 +39,7 @@ from dynnet_ros.units import MB
 LOG = logging.getLogger(__name__)
 
 FORMAT = "dynnet-stream-weights"
-VERSION = 2
+VERSION = 3
 LAYOUTS = ("nchwc", "as-given")
 WEIGHTS_FILE = "weights.bin"
 GRAPH_FILE = "graph.onnx"

@@ -11,8 +11,13 @@ LiDAR fusion (hand-designed, deterministic): pixels with a return (lidar > 0) ou
 value exactly; elsewhere the output blends a normalised-convolution densification of the LiDAR
 (hit-weighted averages over 8x8 and 32x32 cells, upsampled) with the network estimate, weighted
 by the local hit density: depth = m*L + (1-m)*(c*D + (1-c)*N), c = 1 - exp(-k * density).
+
+Early exit (metadata ``dynnet_exits``, for dynnet_ros.mapper): the same fusion with the network's
+prior depth in place of N — a coarse map from the LiDAR alone — judged by the mean of c.
 """
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import onnx
@@ -25,6 +30,7 @@ FULL_IMAGE = (2048, 3072)              # hidden widths of the full-image encoder
 LIDAR_SCALE = 80.0                     # metres -> network input scale
 MIN_DEPTH = 0.5
 _CONF_GAIN = 100.0                    # confidence gain on the local LiDAR hit density
+_PRIOR_DEPTH = float(np.log1p(np.exp(2.0)) + MIN_DEPTH)   # the network's output before it learns: softplus(2) + 0.5
 
 
 def _cell_average(g: GraphBuilder, lidar: str, mask: str, cell: int, weight: float) -> tuple[str, str]:
@@ -37,8 +43,9 @@ def _cell_average(g: GraphBuilder, lidar: str, mask: str, cell: int, weight: flo
     return n, d
 
 
-def _sparse_fusion(g: GraphBuilder, lidar: str, net_depth: str) -> str:
-    """m*L + (1-m)*(c*D + (1-c)*N): exact at LiDAR hits, densified LiDAR near them."""
+def _sparse_fusion(g: GraphBuilder, lidar: str, net_depth: str) -> tuple[str, str, str]:
+    """m*L + (1-m)*(c*D + (1-c)*N): exact at LiDAR hits, densified LiDAR near them. Also the coarse
+    map with the network's prior in place of N, and the mean confidence c (the early exit)."""
     mask = g.op("Cast", [g.op("Greater", [lidar, g.const([0.0])])], to=onnx.TensorProto.FLOAT)
     num, den = _cell_average(g, lidar, mask, 8, 1.0)
     n, d = _cell_average(g, lidar, mask, 32, 0.05)
@@ -49,7 +56,12 @@ def _sparse_fusion(g: GraphBuilder, lidar: str, net_depth: str) -> str:
     est = g.op("Add", [g.op("Mul", [conf, dense]),
                        g.op("Mul", [g.op("Sub", [g.const([1.0]), conf]), net_depth])])
     keep = g.op("Mul", [mask, lidar])
-    return g.op("Add", [keep, g.op("Mul", [g.op("Sub", [g.const([1.0]), mask]), est])], prefix="fused")
+    fused = g.op("Add", [keep, g.op("Mul", [g.op("Sub", [g.const([1.0]), mask]), est])], prefix="fused")
+    prior = g.op("Add", [g.op("Mul", [conf, dense]),
+                         g.op("Mul", [g.op("Sub", [g.const([1.0]), conf]), g.const([_PRIOR_DEPTH])])])
+    coarse = g.op("Add", [keep, g.op("Mul", [g.op("Sub", [g.const([1.0]), mask]), prior])], prefix="depth_exit")
+    confidence = g.op("ReduceMean", [conf], keepdims=0, prefix="depth_exit_confidence")
+    return fused, coarse, confidence
 
 
 def build() -> onnx.ModelProto:
@@ -84,6 +96,11 @@ def build() -> onnx.ModelProto:
     net_depth = g.op("Add", [g.op("Softplus", [raw]), g.const([MIN_DEPTH])])
     # bilinear x4 of positive values stays positive
     net_depth = g.resize(net_depth, 4.0, mode="linear")
-    depth = _sparse_fusion(g, lidar, net_depth)
+    depth, coarse, confidence = _sparse_fusion(g, lidar, net_depth)
     g.add_output(depth, "depth", FLOAT, [1, 1, "H", "W"])
-    return g.model(__doc__.strip().splitlines()[0])
+    # Early exit (declared in the `dynnet_exits` metadata, read by dynnet_ros.mapper; no graph output
+    # reads it, so a plain run skips it): the LiDAR densification with the network's prior depth
+    # where no LiDAR is near, judged by the mean LiDAR confidence c, before the network runs.
+    exits = [{"outputs": [coarse], "criterion": "mean_confidence", "confidence": confidence},
+             {"outputs": ["depth"]}]
+    return g.model(__doc__.strip().splitlines()[0], metadata={"dynnet_exits": json.dumps(exits)})

@@ -8,8 +8,13 @@ Weights are random (fixed seed). So the demo mask is not pure noise, the logit a
 hand-designed "bright thin line" channel: whiteness (2*min(RGB) - max(RGB), floored at 0.25)
 minus its 15x15 local mean (a top-hat), which fires on white lane paint brighter than the
 surrounding road and stays low on sky, grass and coloured objects.
+
+Early exit (metadata ``dynnet_exits``, for dynnet_ros.mapper): a coarse mask, the hand channel plus
+a 1x1 conv of the /4 features, upsampled; judged by its mean pixel confidence.
 """
 from __future__ import annotations
+
+import json
 
 import onnx
 
@@ -53,4 +58,11 @@ def build() -> onnx.ModelProto:
     logit = g.op("Add", [hand, net_logit])
     prob = g.op("Sigmoid", [logit])
     g.add_output(prob, "lane_prob", FLOAT, [1, 1, "H", "W"])
-    return g.model(__doc__.strip().splitlines()[0])
+    # Early exit (declared in the `dynnet_exits` metadata, read by dynnet_ros.mapper; no graph output
+    # reads it, so a plain run skips it): a coarse mask from the hand-designed channel and a 1x1
+    # conv of the /4 encoder features, before the deeper encoder and the decoder run. Built last so
+    # the other weights keep their seeded values.
+    coarse = g.resize(g.conv(skips[1], ENC[1], 1, 1, std=0.02, prefix="lane_exit"), 4.0, mode="linear")
+    coarse_prob = g.op("Sigmoid", [g.op("Add", [hand, coarse])], prefix="lane_exit_prob")
+    exits = [{"outputs": [coarse_prob], "criterion": "mean_confidence"}, {"outputs": ["lane_prob"]}]
+    return g.model(__doc__.strip().splitlines()[0], metadata={"dynnet_exits": json.dumps(exits)})

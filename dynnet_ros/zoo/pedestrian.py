@@ -18,8 +18,13 @@ also drives the class logit), and only 3x3 local maxima keep their score (Center
 Solid-colour upright rectangles on a road scene (the simulator's pedestrians) therefore give
 detections whose scores grow with contrast; horizon, road edges and ~45-degree lane lines give
 little energy. Raising score_threshold lowers N.
+
+Early exit (metadata ``dynnet_exits``, for dynnet_ros.mapper): the largest hand-designed objectness
+at a peak, computed from the image alone; when it is low, "no pedestrian" answers with no boxes.
 """
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import onnx
@@ -146,7 +151,7 @@ def build() -> onnx.ModelProto:
     feats = {8: (f8, 64), 16: (f16, 128), 32: (p32, 256)}
 
     energy = _vertical_edges(g, image)
-    boxes, scores = [], []
+    boxes, scores, peaks = [], [], []
     for stride in STRIDES:
         f, c = feats[stride]
         f = g.cbr(f, c, c, 3)
@@ -155,6 +160,7 @@ def build() -> onnx.ModelProto:
         b, s = _decode(g, pred, obj_hand, cls_hand, peak, stride)
         boxes.append(b)
         scores.append(s)
+        peaks.append(g.op("Mul", [g.op("Sigmoid", [obj_hand]), peak], prefix=f"exit{stride}_objectness"))
     all_boxes = g.op("Concat", boxes, axis=1, prefix="all_boxes")                # [1,A,4]
     all_scores = g.op("Concat", scores, axis=2, prefix="all_scores")             # [1,1,A]
 
@@ -172,4 +178,12 @@ def build() -> onnx.ModelProto:
     flat_scores = g.op("Reshape", [all_scores, g.const([-1], np.int64)])                        # [A]
     g.add_output(g.op("Gather", [flat_boxes, idx], axis=0), "boxes", FLOAT, ["N", 4])
     g.add_output(g.op("Gather", [flat_scores, idx], axis=0), "scores", FLOAT, ["N"])
-    return g.model(__doc__.strip().splitlines()[0])
+    # Early exit (declared in the `dynnet_exits` metadata, read by dynnet_ros.mapper; no graph output
+    # reads it, so a plain run skips it): the largest hand-designed objectness at a peak, over all
+    # strides, before the backbone runs. A box's score is at most its objectness, so a maximum below
+    # the score threshold means "no pedestrian": that exit answers with no boxes.
+    top = [g.op("ReduceMax", [p], keepdims=0, prefix="exit_max") for p in peaks]
+    objectness = g.op("Reshape", [g.op("Max", top), g.const([1], np.int64)], prefix="pedestrian_exit_objectness")
+    exits = [{"outputs": [objectness], "criterion": "max_objectness", "answer": "empty"},
+             {"outputs": ["boxes", "scores"]}]
+    return g.model(__doc__.strip().splitlines()[0], metadata={"dynnet_exits": json.dumps(exits)})

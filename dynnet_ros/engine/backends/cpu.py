@@ -9,6 +9,7 @@ import onnx
 import onnxruntime as ort
 
 from dynnet_ros.engine.backends.base import ExecutorStats
+from dynnet_ros.engine.plan.loader import source_path
 
 
 def default_threads() -> int:
@@ -28,11 +29,19 @@ class OrtExecutor:
 
     name = "cpu"
 
-    def __init__(self, model: onnx.ModelProto, *, threads: int | None = None,
-                 options: ort.SessionOptions | None = None) -> None:
+    def __init__(self, model: onnx.ModelProto | str, *, threads: int | None = None,
+                 options: ort.SessionOptions | None = None, plan: dict | None = None) -> None:
+        """``model``: a ModelProto with its weights, a weightless skeleton of a model file
+        (plan/loader.py: onnxruntime reads the file it came from), or a model file's path.
+        ``plan``: why the planned backend runs this plain session instead (its cost model's
+        verdict), reported by ``executor_stats`` under "plan"."""
+        self._plan = plan
+        if not isinstance(model, str):
+            model = source_path(model) or model  # a skeleton's weights are in its file
         try:
             self._session = ort.InferenceSession(
-                model.SerializeToString(), sess_options=options or session_options(threads),
+                model if isinstance(model, str) else model.SerializeToString(),
+                sess_options=options or session_options(threads),
                 providers=["CPUExecutionProvider"])
         except Exception as exc:  # ORT raises its own Fail/InvalidGraph types
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -44,7 +53,7 @@ class OrtExecutor:
         return dict(zip(self._outputs, values))
 
     def executor_stats(self) -> ExecutorStats:
-        return ExecutorStats()
+        return ExecutorStats(details={} if self._plan is None else {"plan": self._plan})
 
     def arena_bytes_at(self, shapes: Mapping[str, tuple[int, ...]]) -> int | None:
         return None  # onnxruntime's own arena: not planned, not known ahead

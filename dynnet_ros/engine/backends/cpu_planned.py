@@ -12,8 +12,9 @@ import onnx
 
 from dynnet_ros.engine.backends.base import Executor
 from dynnet_ros.engine.backends.cpu import OrtExecutor
-from dynnet_ros.engine.plan.executor import PlannedExecutor
+from dynnet_ros.engine.plan.executor import NothingToSave, PlannedExecutor
 from dynnet_ros.engine.plan.layout import laid_out_skeleton
+from dynnet_ros.engine.plan.loader import source_path
 from dynnet_ros.engine.plan.options import PlannerOptions, plan_profile
 
 log = logging.getLogger(__name__)
@@ -35,12 +36,24 @@ def create_planned_executor(model: onnx.ModelProto, *, threads: int | None = Non
             laid_out, _ = laid_out_skeleton(model)
             return PlannedExecutor(laid_out, PlannerOptions(threads=threads, optimization_level="basic",
                                                             nchwc_max_bytes=0, layout="nchwc", **options))
+        except NothingToSave as exc:
+            return _one_session(model, threads, exc)
         except (ValueError, OSError, subprocess.SubprocessError) as exc:
             log.info("NCHWc layout not used for this model (%s); planning the model as given", exc)
     elif layout != "as-given":
         raise ValueError(f"unknown layout {layout!r} (nchwc | as-given)")
     try:
         return PlannedExecutor(model, PlannerOptions(threads=threads, **options))
+    except NothingToSave as exc:
+        return _one_session(model, threads, exc)
     except ValueError as exc:
         log.warning("planned engine unavailable for this model (%s); using plain onnxruntime", exc)
         return OrtExecutor(model, threads=threads)
+
+
+def _one_session(model: onnx.ModelProto, threads: int | None, exc: NothingToSave) -> Executor:
+    """One plain onnxruntime session with its own arena: the cost model found nothing to save."""
+    log.info("planned engine not used for this model: %s", exc.choice.reason)
+    # a weightless skeleton's external data is relative to its file: onnxruntime reads the file itself
+    return OrtExecutor(source_path(model) or model, threads=threads,
+                       plan={"fallback": True, "reason": exc.choice.reason, "cuts": exc.choice.describe()})

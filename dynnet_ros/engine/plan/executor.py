@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from dataclasses import replace
 from typing import Hashable, Mapping
 
@@ -21,18 +22,30 @@ import onnx
 import onnxruntime as ort
 
 from dynnet_ros.engine.backends.base import ExecutorStats
+from dynnet_ros.engine.backends.cpu import default_threads
 from dynnet_ros.engine.memtrim import pin_mmap_threshold, release_memory
 from dynnet_ros.engine.plan.arena import Arena, align
 from dynnet_ros.engine.plan.banded import BandedRunner, find_stem
 from dynnet_ros.engine.plan.binding import Plan, Signature, TensorSlot, bind_plan, plan_buffers
 from dynnet_ros.engine.plan.cache import LruCache
 from dynnet_ros.engine.plan.control import IfRunner
+from dynnet_ros.engine.plan.cost_model import (
+    MAC_OPS,
+    CutChoice,
+    ModelFacts,
+    NodeCost,
+    choose,
+    merge_curve,
+    single_session,
+)
+from dynnet_ros.engine.plan.cost_table import cost_table
 from dynnet_ros.engine.plan.exec_order import order_for_executor
 from dynnet_ros.engine.plan.graph import GraphIndex, node_inputs, split_weights, subgraphs
 from dynnet_ros.engine.plan.hooks import BranchRunner, SegmentHook
 from dynnet_ros.engine.plan.loop import LoopRunner
 from dynnet_ros.engine.plan.memory_plan import lower_bound, plan_offsets
 from dynnet_ros.engine.plan.options import PlannerOptions
+from dynnet_ros.engine.plan.ort_types import value_types
 from dynnet_ros.engine.plan.partition import Segment, describe_segment, partition, sink_small_nodes
 from dynnet_ros.engine.plan.run_loop import collect_outputs, run_segments
 from dynnet_ros.engine.plan.segments import (
@@ -40,6 +53,7 @@ from dynnet_ros.engine.plan.segments import (
     NoSession,
     SegmentRunner,
     build_nodes_model,
+    has_fused_sum,
     segment_session_options,
 )
 from dynnet_ros.engine.plan.shapes import ShapeSource, make_shape_source
@@ -57,6 +71,17 @@ _IN_PLACE_OPS = {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid", "Clip", 
 _SESSION_BYTES = 256 * 1024  # what one more onnxruntime session costs beyond its weights (docs/engine.md)
 
 
+class NothingToSave(ValueError):
+    """The cost model found no cut set that saves memory over one plain onnxruntime session.
+
+    Raised before any session is built; the planned backend then runs one plain session and
+    reports ``choice.reason`` (backends/cpu_planned.py)."""
+
+    def __init__(self, choice: CutChoice) -> None:
+        super().__init__(choice.reason)
+        self.choice = choice
+
+
 def _names_read(node: onnx.NodeProto) -> list[str]:
     """Inputs of ``node`` and every name its subgraphs read (an If's branch weights)."""
     names = list(node_inputs(node))
@@ -67,18 +92,34 @@ def _names_read(node: onnx.NodeProto) -> list[str]:
     return names
 
 
+def _macs_per_output(node: onnx.NodeProto, initializers: Mapping[str, onnx.TensorProto]) -> int:
+    """Multiply-accumulates per output element of a Conv/Gemm/MatMul over a weight (1 when the
+    second operand is an activation: its size is not known here, the bytes moved count instead)."""
+    weight = initializers.get(node.input[1]) if len(node.input) > 1 else None
+    if weight is None or len(weight.dims) < 2:
+        return 1
+    dims = [int(d) for d in weight.dims]
+    if node.op_type in ("MatMul", "FusedMatMul"):
+        return dims[-2]
+    if node.op_type in ("Gemm", "FusedGemm"):
+        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+        return dims[1] if trans_b else dims[0]
+    return int(np.prod(dims[1:], dtype=np.int64))  # convolutions: C_in / group x kernel
+
+
 def reference_shapes(graph: GraphIndex, side: int) -> dict[str, tuple[int, ...]]:
-    """Pin every dynamic input dim to ``side`` (batch-like dims named N/batch to 1)."""
+    """Pin every dynamic input dim to ``side``; batch-like dims (named N/batch, or a first dim with
+    neither value nor name) to 1."""
     shapes = {}
     for value in graph.model.graph.input:
         if value.name not in graph.inputs:
             continue
         dims = []
         for d in value.type.tensor_type.shape.dim:
-            if d.HasField("dim_value"):
+            if d.HasField("dim_value") and d.dim_value >= 0:  # -1 marks a dynamic dim in some exporters
                 dims.append(int(d.dim_value))
-            elif (d.dim_param or "").lower() in ("n", "batch", "batch_size", "b"):
-                dims.append(1)
+            elif (d.dim_param or "").lower() in ("n", "batch", "batch_size", "b") or not (dims or d.dim_param):
+                dims.append(1)  # a batch axis: named so, or a first dim with neither value nor name
             else:
                 dims.append(side)
         shapes[value.name] = tuple(dims)
@@ -108,6 +149,7 @@ class PlannedExecutor:
         # RDP types every tensor it analyses (contrib ops of a laid-out graph included); onnx's
         # shape inference is only run when it does not (it keeps onnx's library resident)
         rdp_types = {name: info.dtype for name, info in rdp.tensors.items() if info.dtype} if rdp else {}
+        rdp_types.update(value_types(opts.shared_weights or {}))  # weights handed in by reference (swap)
         infer = not all(o in rdp_types for node in skeleton.graph.node for o in node.output if o)
         original_types = GraphIndex.build(skeleton, rdp_types, infer=infer).elem_types
         if opts.simplify:
@@ -127,6 +169,9 @@ class PlannedExecutor:
         if opts.max_segment_weight_bytes:
             self.segments = self._cut_heavy_segments(self.segments, opts.max_segment_weight_bytes)
         self._stem = self._band_stem()
+        self.cut_choice: CutChoice | None = None
+        if opts.cost_model and opts.shared_weights is None and not opts.max_segment_weight_bytes:
+            self.cut_choice = self._choose_cuts()
         self._check_boundary_types()
         self.branch_runners = self._build_branch_runners(weights)
         if self._stem is not None:
@@ -150,6 +195,9 @@ class PlannedExecutor:
         self._segment_weight_bytes = [self._weight_bytes_of(s) for s in self.segments]
         #: called around every segment (swap/residency.py: weights in before, out after)
         self.segment_hook: SegmentHook | None = None
+        # specialised runners by (segment, input shapes): signatures that differ only where a segment
+        # does not look (e.g. after a global pooling) share its session; a runner lives while a version holds it
+        self._specialised: weakref.WeakValueDictionary[tuple, SegmentRunner] = weakref.WeakValueDictionary()
         self.versions = VersionManager(self._build_version, hot_after=opts.hot_after,
                                        budget_bytes=int(opts.version_budget_mb * MB), enabled=opts.versions)
         self._warm_up()
@@ -165,7 +213,8 @@ class PlannedExecutor:
         if not self.options.plan_branches:
             return runners
         branch_arena = None
-        nested = replace(self.options, versions=False)
+        # a branch or body is planned as it is: its If/Loop segment already chose to be planned
+        nested = replace(self.options, versions=False, cost_model=False)
         for seg in self.segments:
             node = self.graph.nodes[seg.nodes[0]]
             if seg.kind != "control" or len(seg.nodes) != 1 or node.op_type not in kinds:
@@ -210,6 +259,50 @@ class PlannedExecutor:
             costs[granularity] = (self._reference_lower_bound(segments) + _SESSION_BYTES * len(segments), segments)
         self.granularity = min(costs, key=lambda g: costs[g][0])
         return costs[self.granularity][1]
+
+    def _cost_facts(self) -> ModelFacts:
+        """The graph at the reference shape as the cost model sees it (cost_model.py)."""
+        sizes: dict[str, int | None] = {**self._input_sizes, **self.reference_sizes}
+        nodes = []
+        for node in self.graph.nodes:
+            reads = tuple(n for n in dict.fromkeys(_names_read(node)) if not self.graph.is_weight(n))
+            outputs = tuple(o for o in node.output if o)
+            moved = sum(sizes.get(t) or 0 for t in reads + outputs)
+            macs = 0
+            if node.op_type in MAC_OPS and outputs:
+                elements = (sizes.get(outputs[0]) or 0) // max(self._itemsize(outputs[0]), 1)
+                macs = elements * _macs_per_output(node, self.graph.initializers)
+            nodes.append(NodeCost(reads, outputs, macs=macs, moved_bytes=moved))
+        return ModelFacts(nodes, sizes, frozenset(self.graph.outputs),
+                          mmap_threshold=self.options.mmap_threshold or 128 * 1024, session_bytes=_SESSION_BYTES,
+                          weights={n: self._node_weight_bytes(n) for n in range(len(self.graph.nodes))})
+
+    def _choose_cuts(self) -> CutChoice:
+        """Merge segments where the cost model says a cut costs more time than its memory is worth,
+        or stop at one plain session where no cut set saves memory (``NothingToSave``).
+
+        Why: every segment costs a ``Run`` and every tensor kept inside one is allocated per run,
+        and which of the two weighs more is this machine's figure (cost_table.py)."""
+        opts = self.options
+        facts = self._cost_facts()
+        table = opts.cost_table or cost_table(opts.threads or default_threads(), opts.mmap_threshold)
+        fixed = {i for i, s in enumerate(self.segments) if s.kind != "ops" or i == self._stem}
+        curve = merge_curve(facts, table, [s.nodes for s in self.segments], lambda i: i not in fixed)
+        choice = choose(curve, single_session(facts, table), memory_target=opts.memory_target,
+                        fallback_min_saving=opts.fallback_min_saving, sized=facts.sized)
+        if choice.fallback:
+            raise NothingToSave(choice)
+        if len(choice.chosen.groups) != len(self.segments):
+            stem_nodes = None if self._stem is None else self.segments[self._stem].nodes
+            kinds = {tuple(s.nodes): s.kind for s in self.segments}
+            segments = []
+            for i, group in enumerate(choice.chosen.groups):
+                segment = describe_segment(self.graph, i, list(group), self.shape_source.dims)
+                segments.append(replace(segment, kind=kinds.get(tuple(group), segment.kind)))
+            self.segments = segments
+            self._stem = None if stem_nodes is None else next(i for i, s in enumerate(segments)
+                                                                if s.nodes == stem_nodes)
+        return choice
 
     def _band_stem(self) -> int | None:
         """Merge a bandable stem's two conv segments into one banded segment (plan/banded.py);
@@ -360,7 +453,8 @@ class PlannedExecutor:
         light = segment is not None and not any(self.graph.nodes[n].op_type in HEAVY_OPS for n in segment.nodes)
         nchwc = bool(segment is not None and opts.nchwc_max_bytes
                      and self._segment_peak_tensor(segment) <= opts.nchwc_max_bytes)
-        return segment_session_options(opts, light=light, nchwc=nchwc)
+        fused_sum = segment is not None and has_fused_sum([self.graph.nodes[n] for n in segment.nodes])
+        return segment_session_options(opts, light=light, nchwc=nchwc, fused_sum=fused_sum)
 
     def _segment_peak_tensor(self, segment: Segment) -> int:
         """Largest tensor the segment reads or writes at the reference shape (unknown = huge)."""
@@ -531,13 +625,19 @@ class PlannedExecutor:
                     break
                 shapes[name] = tuple(shape)
             else:
+                key = (i, tuple(sorted(shapes.items())))
+                shared = self._specialised.get(key)
+                if shared is not None:  # another signature's version has this segment at these shapes
+                    runners[i] = shared
+                    continue
                 extra = self._segment_weight_bytes[i] + _SESSION_BYTES
                 if cost + extra > budget:
                     continue
                 options = self._session_options(seg)
                 options.enable_mem_pattern = True  # static shapes: onnxruntime can pre-plan the segment
-                runners[i] = SegmentRunner(seg, self.graph, self.skeleton, self.weights, options, shapes,
-                                           shared=self.options.shared_weights)
+                runners[i] = self._specialised[key] = SegmentRunner(seg, self.graph, self.skeleton, self.weights,
+                                                                    options, shapes,
+                                                                    shared=self.options.shared_weights)
                 cost += extra
         if not runners:
             return None
@@ -614,6 +714,7 @@ class PlannedExecutor:
                 "nodes": {"model": self.original_nodes, "executed": len(self.graph.nodes)},
                 "shape_source": self.shape_source.name,
                 "layout": self.options.layout,
+                "cuts": None if self.cut_choice is None else self.cut_choice.describe(),
             },
             "kernel_versions": self.versions.stats(),
             "loops": [vars(r.stats) for r in self.branch_runners.values() if hasattr(r, "stats")],

@@ -12,6 +12,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from dynnet_ros.engine.plan.ort_types import ort_element_types
+
 # Ops whose body graphs read outer-scope tensors and whose work depends on runtime values.
 CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
 
@@ -113,6 +115,12 @@ class GraphIndex:
             self.elem_types.setdefault(name, elem)
         for name, tensor in self.initializers.items():
             self.elem_types[name] = tensor.data_type
+        # what neither RDP nor onnx typed (ops outside onnx's schemas, rules that gave up), onnxruntime
+        # does: a cut is never refused for lack of a type
+        untyped = [name for node in self.model.graph.node for name in node.output
+                   if name and name not in self.elem_types]
+        if untyped:
+            self.elem_types.update(ort_element_types(self.model, untyped))
         for name, elem in self.elem_types.items():
             try:
                 self.dtypes[name] = np.dtype(helper.tensor_dtype_to_np_dtype(elem))

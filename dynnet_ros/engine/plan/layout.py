@@ -31,6 +31,7 @@ import onnxruntime as ort
 from dynnet_ros.engine.plan.loader import load_skeleton, skeleton_bytes, source_path
 from dynnet_ros.engine.plan.model_check import file_digest
 from dynnet_ros.engine.rdp.ops.ort_contrib import set_nchwc_block_size
+from dynnet_ros.hostcaps import host_caps
 from dynnet_ros.settings import settings
 from dynnet_ros.units import MB
 
@@ -55,17 +56,9 @@ class LaidOutModel:
 
 
 def cpu_block_size() -> int | None:
-    """MLAS's NCHWc block: 16 floats with AVX-512F, 8 with AVX2/AVX; none elsewhere (e.g. ARM)."""
-    try:
-        with open("/proc/cpuinfo") as handle:
-            flags = next((line.split(":", 1)[1].split() for line in handle if line.startswith("flags")), [])
-    except OSError:
-        return None
-    if "avx512f" in flags:
-        return 16
-    if "avx" in flags or "avx2" in flags:
-        return 8
-    return None
+    """MLAS's NCHWc block: 16 floats with AVX-512F, 8 with AVX2/AVX; None on CPUs without NCHWc
+    kernels (ARM, e.g. Jetson), where the engine plans the model as given (hostcaps.py)."""
+    return host_caps().nchwc_block
 
 
 def cache_root() -> Path:
@@ -125,6 +118,8 @@ def laid_out_skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, LaidOutM
     ``model`` is a skeleton from ``load_skeleton`` (its source file is rewritten) or a full
     in-memory model (written to a temporary file for the child process first).
     """
+    if cpu_block_size() is None:  # nothing to rewrite for: skip onnxruntime's whole-model session
+        raise ValueError(f"this CPU ({host_caps().machine}) has no onnxruntime NCHWc kernels")
     source = source_path(model)
     with tempfile.TemporaryDirectory() as work:
         if source is None:

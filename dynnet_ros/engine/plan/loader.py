@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from dynnet_ros.engine.model_io import load_model
+from dynnet_ros.engine.model_io import clear_negative_dims, load_model
 from dynnet_ros.engine.plan.model_check import INVALID_MODEL_EXIT, check_model_file
 
 EXTERNAL_DIR_KEY = "dynnet_ros.external_data_dir"
@@ -139,7 +139,7 @@ def skeleton_proto(path: str) -> onnx.ModelProto:
     entry.key, entry.value = EXTERNAL_DIR_KEY, os.path.dirname(os.path.abspath(path))
     entry = proto.metadata_props.add()
     entry.key, entry.value = SOURCE_PATH_KEY, os.path.abspath(path)
-    return proto
+    return clear_negative_dims(proto)
 
 
 def check_skeleton(proto: onnx.ModelProto) -> None:
@@ -198,6 +198,36 @@ def read_external(tensor: onnx.TensorProto, base_dir: str | None):
     Used by simplification passes that need weight values (BatchNormalization folding); the
     engine itself never reads weights — onnxruntime does.
     """
+    span = _external_span(tensor, base_dir)
+    if span is None:
+        return None
+    path, dtype, count, offset = span
+    array = np.fromfile(path, dtype=dtype, count=count, offset=offset)
+    if array.size != count:
+        return None
+    return array.reshape(tuple(tensor.dims)).astype(dtype.newbyteorder("="), copy=False)
+
+
+def map_external(tensor: onnx.TensorProto, base_dir: str | None) -> np.ndarray | None:
+    """A read-only memory map of an external-data initializer's bytes in its file (no copy), or
+    None if not readable here or not stored little-endian-native.
+
+    Used where onnxruntime cannot find a model's external data itself (ort_features.py): the
+    session then computes straight from the file's pages, as it would have after reading them.
+    """
+    span = _external_span(tensor, base_dir)
+    if span is None:
+        return None
+    path, dtype, count, offset = span
+    if (not tensor.dims or count == 0 or dtype.newbyteorder("=") != dtype
+            or offset + count * dtype.itemsize > os.path.getsize(path)):
+        return None
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=tuple(int(d) for d in tensor.dims))
+
+
+def _external_span(tensor: onnx.TensorProto, base_dir: str | None) -> tuple[str, np.dtype, int, int] | None:
+    """(file, little-endian dtype, element count, byte offset) of an external-data initializer
+    whose file lies inside ``base_dir``; None otherwise."""
     if tensor.data_location != onnx.TensorProto.EXTERNAL or base_dir is None:
         return None
     info = {e.key: e.value for e in tensor.external_data}
@@ -209,11 +239,7 @@ def read_external(tensor: onnx.TensorProto, base_dir: str | None):
     count = 1
     for d in tensor.dims:
         count *= int(d)
-    offset = int(info.get("offset", 0))
-    array = np.fromfile(path, dtype=dtype, count=count, offset=offset)
-    if array.size != count:
-        return None
-    return array.reshape(tuple(tensor.dims)).astype(dtype.newbyteorder("="), copy=False)
+    return path, dtype, count, int(info.get("offset", 0))
 
 
 def _check_in_child(path: str) -> int:

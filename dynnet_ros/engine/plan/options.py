@@ -11,6 +11,7 @@ from typing import Any, Mapping
 
 import onnxruntime as ort
 
+from dynnet_ros.engine.plan.cost_model import CostTable
 from dynnet_ros.settings import settings
 from dynnet_ros.units import MB
 
@@ -61,6 +62,13 @@ class PlannerOptions:
     # with prepacking off, so setting this turns prepacking off.
     shared_weights: Mapping[str, ort.OrtValue] | None = None
     max_segment_weight_bytes: int | None = None  # cut segments holding more weight than this (swapping unit)
+    # Cut choice by the measured CPU cost model (plan/cost_model.py): merge segments whose cut costs
+    # more time than it saves memory, or run one plain session where no cut set saves memory. Only
+    # for weights held in memory: streamed weights keep the memory-first cut (their swapping unit).
+    cost_model: bool = True
+    memory_target: float = 0.6             # activation peak the cut choice aims at, x onnxruntime's
+    fallback_min_saving: float = 0.1       # below this saving of onnxruntime's activations: one session
+    cost_table: CostTable | None = None    # None: this machine's measured table (plan/cost_table.py)
 
 
 #: onnxruntime's graph optimisation level for each ``PlannerOptions.optimization_level`` name.

@@ -12,8 +12,9 @@ import onnx
 import onnxruntime as ort
 
 from dynnet_ros.engine.backends.cpu import default_threads
-from dynnet_ros.engine.plan.graph import GraphIndex, node_inputs
-from dynnet_ros.engine.plan.loader import external_data_dir
+from dynnet_ros.engine.ort_features import EXTERNAL_FOLDER_KEY, ort_features
+from dynnet_ros.engine.plan.graph import SHARED_WEIGHTS_LOCATION, GraphIndex, node_inputs
+from dynnet_ros.engine.plan.loader import external_data_dir, map_external
 from dynnet_ros.engine.plan.options import LEVELS, PlannerOptions
 from dynnet_ros.engine.plan.ort_env import register_shared_arena, use_global_pool
 from dynnet_ros.engine.plan.partition import Segment
@@ -33,12 +34,18 @@ class SegmentRunner:
         self.segment = segment
         model = model or build_segment_model(segment, graph, skeleton, input_shapes)
         folder = external_data_dir(skeleton)
-        if folder:  # weights referenced in the model file itself: onnxruntime reads them from there
-            options.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
-        used = [i.name for i in model.graph.initializer if i.name in weights]
-        if used:
-            options.add_external_initializers(used, [weights[n] for n in used])
         by_reference = shared or {}
+        #: weights mapped from the model file for onnxruntimes that cannot find them themselves
+        self.file_weights: dict[str, ort.OrtValue] = {}
+        if folder and ort_features().external_data_folder:
+            # weights referenced in the model file itself: onnxruntime reads them from there
+            options.add_session_config_entry(EXTERNAL_FOLDER_KEY, folder)
+        elif folder:
+            self.file_weights = mapped_file_weights(model, folder, skip=set(weights) | set(by_reference))
+        used = [i.name for i in model.graph.initializer if i.name in weights]
+        if used or self.file_weights:
+            options.add_external_initializers(used + list(self.file_weights),
+                                              [weights[n] for n in used] + list(self.file_weights.values()))
         for name in {i.name for i in model.graph.initializer if i.name in by_reference} - set(used):
             options.add_initializer(name, by_reference[name])  # by reference: the OrtValue's memory is used as is
         try:
@@ -48,6 +55,31 @@ class SegmentRunner:
             raise ValueError(f"onnxruntime cannot load segment {segment.index} "
                              f"({[graph.nodes[n].op_type for n in segment.nodes]}): "
                              f"{str(exc).strip().splitlines()[0]}") from exc
+
+
+def mapped_file_weights(model: onnx.ModelProto, folder: str, skip: set[str]) -> dict[str, ort.OrtValue]:
+    """The model's external-data weights as OrtValues over read-only maps of their file.
+
+    Why: onnxruntime before the ``EXTERNAL_FOLDER_KEY`` config key (ort_features.py) looks for a
+    model-from-bytes' external data in its working directory. Mapping the file hands it the same
+    bytes without a copy in this process; a weight that cannot be mapped is left for
+    onnxruntime to report."""
+    values = {}
+    for tensor in model.graph.initializer:
+        if tensor.name in skip or tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        if any(e.key == "location" and e.value == SHARED_WEIGHTS_LOCATION for e in tensor.external_data):
+            continue
+        array = map_external(tensor, folder)
+        if array is not None:
+            values[tensor.name] = ort.OrtValue.ortvalue_from_numpy(array)
+    return values
+
+
+def has_fused_sum(nodes: list[onnx.NodeProto]) -> bool:
+    """A com.microsoft FusedConv with a sum input Z (what simplify.py fuses Conv + Add into)."""
+    return any(n.op_type == "FusedConv" and n.domain == "com.microsoft" and len(n.input) > 3 and n.input[3]
+               for n in nodes)
 
 
 class NoSession:
@@ -92,9 +124,11 @@ def build_nodes_model(nodes: list[onnx.NodeProto], segment: Segment, graph: Grap
     return model
 
 
-def segment_session_options(opts: PlannerOptions, *, light: bool = False, nchwc: bool = False) -> ort.SessionOptions:
+def segment_session_options(opts: PlannerOptions, *, light: bool = False, nchwc: bool = False,
+                            fused_sum: bool = False) -> ort.SessionOptions:
     """Session options for one segment: ``light`` when it has no heavy op (``HEAVY_OPS``),
-    ``nchwc`` when its tensors are small enough for onnxruntime's blocked-layout kernels."""
+    ``nchwc`` when its tensors are small enough for onnxruntime's blocked-layout kernels,
+    ``fused_sum`` when it holds a FusedConv with a sum input (``has_fused_sum``)."""
     so = ort.SessionOptions()
     so.log_severity_level = 3
     threads = opts.threads or default_threads()
@@ -120,6 +154,10 @@ def segment_session_options(opts: PlannerOptions, *, light: bool = False, nchwc:
         # NCHWc kernels are faster but need reorder buffers the size of the segment's tensors:
         # worth it where tensors are small (deep, many-channel layers), not at full resolution
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if (fused_sum and so.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            and not ort_features().nchwc_fused_conv_sum):
+        # this onnxruntime's NCHWc rewrite of a FusedConv loses its sum input (ort_features.py)
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     so.enable_cpu_mem_arena = opts.segment_arena
     so.enable_mem_pattern = False  # patterns are per shape; our arena plans across shapes instead
     if opts.shared_arena or (nchwc and opts.nchwc_shared_arena):

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import gc
 import json
-import keyword
 import os
 import re
 import time
@@ -13,7 +12,7 @@ from typing import Mapping, Sequence
 import onnx.inliner
 from onnx import ModelProto
 
-from dynnet_ros.engine.model_io import ModelLike, load_model
+from dynnet_ros.engine.model_io import ModelLike, is_dim_symbol, load_model
 
 from .expr import Dim, Expr, floordiv, mul, substitute, sym
 from .fixpoint import GraphAnalyzer, derive_substitutions
@@ -21,12 +20,7 @@ from .lattice import TensorInfo, nac, shaped
 from .partition import partition
 from .result import AnalysisResult, SymbolInfo
 
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_RESERVED = {"min", "max"}
-
-
-def _usable(name: str) -> bool:
-    return bool(_IDENT.match(name)) and not keyword.iskeyword(name) and name not in _RESERVED
+_usable = is_dim_symbol
 
 
 def _gen_name(inp: str, axis: int, taken: set[str]) -> str:

@@ -23,6 +23,7 @@ from . import ops  # noqa: F401 - registers every transfer function
 from .expr import Dim, Expr, Sym, exact_div, mul, sub, substitute
 from .lattice import MAX_VALUE_ELEMS, TensorInfo, nac, shaped
 from .registry import REGISTRY, Ctx, ShapeError, custom_op
+from .types import with_types
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +202,7 @@ class GraphAnalyzer:
             if key not in self.warned:
                 self.warned.add(key)
                 warnings.warn(f"RDP: unknown operator {key}; its outputs are nac", RDPWarning, stacklevel=3)
-            return [nac(f"unknown operator {key}") for _ in range(n_out)], "EDO"
+            return with_types(node, [nac(f"unknown operator {key}") for _ in range(n_out)], ins, self.opset), "EDO"
         ctx = Ctx(node=node, name=name, inputs=ins, opset=self.opset, analyzer=self, scope=state,
                   constraints=constraints)
         try:
@@ -214,6 +215,7 @@ class GraphAnalyzer:
         outs = [self._sanitize(o, op) for o in outs[:n_out]]
         while len(outs) < n_out:
             outs.append(nac(f"{op} output {len(outs)} not inferred"))
+        outs = with_types(node, outs, ins, self.opset)  # a rule that gave up on the shape may leave the type
         # a nac that only echoes a nac input keeps the root cause as its reason
         if any(o.reason in _GENERIC for o in outs if o.kind == "nac"):
             root = next(((x, t) for x, t in zip(node.input, ins) if t is not None and t.kind == "nac"), None)

@@ -12,7 +12,7 @@ from ..expr import Dim, add, floordiv, mul
 from ..lattice import nac, shaped
 from ..registry import Ctx, register
 from ._util import same_shape
-from .nn import conv, gemm, global_pool, pool
+from .nn import conv, gemm, global_pool, matmul_dims, pool
 
 NCHWC = "com.microsoft.nchwc"
 MICROSOFT = "com.microsoft"
@@ -44,6 +44,24 @@ register("MaxPool AveragePool", "ISDOS", "pool", domain=NCHWC)(pool)
 register("GlobalAveragePool GlobalMaxPool", "ISDOS", "pool", domain=NCHWC)(global_pool)
 register("FusedConv", "ISDOS", "conv", domain=MICROSOFT)(conv)
 register("FusedGemm", "ISDOS", "matmul", domain=MICROSOFT)(gemm)
+
+
+@register("FusedMatMul TransposeMatMul", "ISDOS", "matmul", domain=MICROSOFT)
+def fused_matmul(ctx: Ctx) -> list:
+    """MatMul with A and/or B transposed in their last two axes (``transA``/``transB``), scaled by
+    ``alpha``; onnxruntime writes it for MatMul after Transpose. The batch-axis transposes
+    (``transBatchA/B``) move batch axes, and their shape is left unknown."""
+    a, b = ctx.inp(0), ctx.inp(1)
+    dtype = a.dtype if a is not None else 0
+    if a is None or a.dims is None or b is None or b.dims is None:
+        return [nac("input rank unknown", dtype)]
+    if ctx.attr("transBatchA", 0) or ctx.attr("transBatchB", 0):
+        return [nac("FusedMatMul with transposed batch axes", dtype)]
+
+    def last_two_swapped(dims: tuple, flag: str) -> tuple:
+        return dims[:-2] + (dims[-1], dims[-2]) if ctx.attr(flag, 0) and len(dims) >= 2 else dims
+    return [shaped(matmul_dims(ctx, last_two_swapped(tuple(a.dims), "transA"),
+                               last_two_swapped(tuple(b.dims), "transB")), dtype)]
 
 
 @register("Gelu FastGelu BiasGelu QuickGelu", "ISDOS", "elementwise", domain=MICROSOFT)

@@ -1,0 +1,103 @@
+"""`dynnet map run MODEL --mapping FILE`: run the stages on their units, print exits and stage times."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from dynnet_ros.commands import CommandError, arguments
+from dynnet_ros.commands.map_inputs import npz_feeds, scene_feeds
+from dynnet_ros.engine.model_io import load_model
+from dynnet_ros.mapper.build import build_stages
+from dynnet_ros.mapper.mapping import check_stage_count, load_mapping
+from dynnet_ros.mapper.runtime import StageExecutor
+from dynnet_ros.zoo import resolve_model_spec
+
+ACTION = "run"
+HELP = "run MODEL's stages mapped onto compute units (a mapping file); print the exits taken and stage times"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", type=arguments.model_spec, help="ONNX file or zoo:NAME")
+    # checked in run(), not by argparse, so an unknown flag is reported before a missing --mapping
+    parser.add_argument("--mapping", type=arguments.existing_file, default=None, metavar="FILE",
+                        help="mapping file: hardware, partition, unit and threshold per stage (docs/mapper.md; "
+                             "required)")
+    parser.add_argument("--inputs", type=arguments.existing_file, nargs="+", default=None, metavar="FILE.npz",
+                        help="frames to run, one .npz per frame with an array per model input "
+                             "(default: --frames synthetic road scenes)")
+    parser.add_argument("--frames", type=arguments.positive_int, default=8, metavar="N",
+                        help="synthetic scenes of mixed difficulty to run without --inputs (default 8)")
+    parser.add_argument("--size", type=arguments.image_size, default=(224, 320), metavar="HxW",
+                        help="synthetic scene size (default 224x320)")
+    parser.add_argument("--deadline-ms", type=arguments.positive_float, default=None,
+                        help="anytime mode: answer with the deepest exit done by then (overrides the file)")
+    parser.add_argument("--json", type=arguments.output_file, default=None, metavar="FILE",
+                        help="also write per-frame results and the summary as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.mapping is None:
+        raise CommandError("argument --mapping: give the mapping file to run (--mapping FILE)")
+    model_path = resolve_model_spec(args.model)
+    mapping = load_mapping(args.mapping)
+    console = Console()
+    with console.status("building the stages …") as status:
+        proto = load_model(model_path)
+        height, width = args.size
+        feeds = npz_feeds(list(args.inputs), proto) if args.inputs else list(scene_feeds(proto, args.frames,
+                                                                                         height, width))
+        calibration = list(scene_feeds(proto, 16, 96, 128)) if mapping.partition.width is not None else None
+        stage_set = build_stages(proto, mapping.partition, calibration,
+                                 progress=lambda text: status.update(text + " …"))
+        try:
+            check_stage_count(mapping, len(stage_set.stages))
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        status.update("opening a session per stage on its unit …")
+        executor = StageExecutor(stage_set, mapping)
+    if args.deadline_ms is not None:
+        executor.set_deadline(args.deadline_ms)
+    rows: list[dict[str, Any]] = []
+    try:
+        executor.run(feeds[0])   # warm-up: first runs allocate
+        executor.reset_counters()
+        with Progress(console=console, transient=True) as progress:
+            task = progress.add_task("frames", total=len(feeds))
+            for index, feed in enumerate(feeds):
+                executor.run(feed)
+                result = executor.last_result
+                assert result is not None
+                rows.append({"frame": index, "exit": result.exit_index, "early": result.early,
+                             "confidence": round(result.confidence, 4), "latency_ms": round(result.latency_ms, 3),
+                             "deadline_hit": result.deadline_hit, "overlap": round(result.overlap, 3),
+                             "stage_ms": {str(k): round(v, 3) for k, v in sorted(result.stage_ms.items())},
+                             "skipped": list(result.skipped)})
+                progress.advance(task)
+        details = executor.details()
+    finally:
+        executor.close()
+    table = Table(title=f"{Path(model_path).name}: {len(stage_set.stages)} stages on "
+                        f"{', '.join(details['mapping'])} ({mapping.hardware.name})")
+    for col in ("frame", "exit", "early", "confidence", "latency ms", "stage ms", "skipped"):
+        table.add_column(col, justify="left" if col in ("stage ms", "skipped") else "right")
+    for row in rows:
+        table.add_row(str(row["frame"]), str(row["exit"]), "yes" if row["early"] else "no", f"{row['confidence']:.3f}",
+                      f"{row['latency_ms']:.1f}", " ".join(f"{k}:{v:.1f}" for k, v in row["stage_ms"].items()),
+                      ",".join(map(str, row["skipped"])) or "-")
+    console.print(table)
+    latencies = np.array([r["latency_ms"] for r in rows])
+    summary = {"frames": len(rows), "mean_ms": round(float(latencies.mean()), 3),
+               "p95_ms": round(float(np.percentile(latencies, 95)), 3), "exit_histogram": details["exit_histogram"],
+               "busy_fraction": details["busy_fraction"], "units": details["units"]}
+    console.print(f"mean {summary['mean_ms']:.1f} ms, p95 {summary['p95_ms']:.1f} ms; exits "
+                  f"{summary['exit_histogram']}; busy {summary['busy_fraction']}")
+    if args.json:
+        args.json.write_text(json.dumps({"summary": summary, "frames": rows, "mapping": mapping.to_json()}, indent=1))
+    return 0

@@ -1,0 +1,211 @@
+"""`dynnet map search`: NSGA-II over stage mappings (with a model) or layer-group chains (profile only)."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from dynnet_ros.commands import CommandError, arguments
+from dynnet_ros.commands._search_inputs import cached_profile, frames, model_stages
+from dynnet_ros.engine.rdp import analyze
+from dynnet_ros.mapper.hardware import load_hardware
+from dynnet_ros.mapper.model_search import (
+    WidthSpace,
+    calibrate,
+    fit_surrogate,
+    measure_mappings,
+    measured_costs,
+    split_layers,
+    stage_costs,
+    to_mapping,
+)
+from dynnet_ros.mapper.partition import WidthSpec
+from dynnet_ros.mapper.plot import plot_pareto
+from dynnet_ros.mapper.profile_io import combine, read_profile
+from dynnet_ros.mapper.profiler import measure_stages, stage_feeds
+from dynnet_ros.mapper.search import PREFER, ChainSpace, StageSpace, pick, run_search
+from dynnet_ros.mapper.stages import StageSet
+from dynnet_ros.mapper.width import width_stages
+
+ACTION = "search"
+HELP = "NSGA-II search of unit, DVFS level and exit thresholds per stage; Pareto set, plot, mapping file"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", nargs="?", type=arguments.model_spec, default=None,
+                        help="ONNX file or zoo:NAME with exits (omit with --profile)")
+    parser.add_argument("--profile", action="append", default=[], metavar="FILE",
+                        help="profile-only search of a layer-group chain: a CSV or UNIT[@DVFS]=trtexec.json "
+                             "(repeatable)")
+    parser.add_argument("--hw", default="this-machine", help="hardware: this-machine[:N], a preset, or a YAML file")
+    parser.add_argument("--size", type=arguments.image_size, default=(128, 128), help="input size HxW (model search)")
+    parser.add_argument("--frames", type=arguments.positive_int, default=32, help="calibration frames")
+    parser.add_argument("--calibration", type=arguments.existing_file, default=None, metavar="FILE.npz",
+                        help="calibration inputs (one array per model input, frames first)")
+    parser.add_argument("--repeats", type=arguments.positive_int, default=10, help="profiling runs per point")
+    parser.add_argument("--no-layers", action="store_true", help="profile whole stages only (faster)")
+    parser.add_argument("--width", type=arguments.positive_int, default=None, metavar="STAGES",
+                        help="search the paper's width split (P, I) into STAGES stages instead of the model's "
+                             "depth-wise exits; each distinct split is built and calibrated (seconds each)")
+    parser.add_argument("--reuse-cap", type=arguments.fraction, default=None,
+                        help="width split: largest share of the reusable features that may be reused (0..1)")
+    parser.add_argument("--deadline-ms", type=arguments.positive_float, default=None,
+                        help="latency of a frame that runs to the last exit must not exceed this")
+    parser.add_argument("--prefer", choices=PREFER, default="balanced", help="the pick rule (default balanced)")
+    parser.add_argument("--max-accuracy-drop", type=arguments.fraction, default=0.01,
+                        help="largest accepted drop in agreement with the final exit (default 0.01)")
+    parser.add_argument("--generations", type=arguments.positive_int, default=30, help="the paper: 200")
+    parser.add_argument("--population", type=arguments.positive_int, default=40, help="the paper: 60")
+    parser.add_argument("--seed", type=arguments.nonnegative_int, default=0)
+    parser.add_argument("--measure", action="store_true",
+                        help="run the pick and the baselines in the stage runtime on the calibration frames: "
+                             "measured vs predicted")
+    parser.add_argument("--memory-mb", action="append", default=[], metavar="UNIT=MB",
+                        help="memory a unit may hold for this model's stages (e.g. the budget manager's share; "
+                             "repeatable; default: the hardware file's memory_mb)")
+    parser.add_argument("--json", type=arguments.output_file, default=None, metavar="OUT")
+    parser.add_argument("--png", type=arguments.output_file, default=None, metavar="FILE")
+    parser.add_argument("--mapping", type=arguments.output_file, default=None, metavar="FILE.yaml",
+                        help="write the pick as a mapping file for the runtime (model search)")
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console()
+    hardware = load_hardware(args.hw)
+    if bool(args.profile) == (args.model is not None):
+        raise CommandError("give either a MODEL or --profile FILE (profile-only search)")
+    if args.width is not None and not 2 <= args.width <= len(hardware.units):
+        raise CommandError(f"--width {args.width}: a width split needs 2 to {len(hardware.units)} stages "
+                           f"(one per unit of {hardware.name}; stages run side by side on distinct units)")
+    report: dict = {"hardware": hardware.name, "hardware_source": hardware.source}
+    memory = _memory_limits(args.memory_mb, hardware)
+    extra = []
+    if args.profile:
+        profile = combine([read_profile(spec, hardware) for spec in args.profile], hardware)
+        space: ChainSpace | StageSpace | WidthSpace = ChainSpace(hardware, profile, deadline_ms=args.deadline_ms)
+        report.update(kind="chain", profile=[str(p) for p in args.profile], energy=profile.power_label())
+        base_accuracy = 1.0
+    else:
+        path, model, stage_set = model_stages(args.model)
+        size = f"{args.size[0]}x{args.size[1]}"
+        calibration_frames = frames(model, args.size, args.frames, npz=args.calibration)
+        console.print(f"{len(stage_set.stages)} stages; profiling at {size} (cached per model + hardware) …")
+        profile, cache, hit, skipped, notes = cached_profile(path, stage_set, hardware, calibration_frames[:1],
+                                                             [size], args.repeats, not args.no_layers)
+        for line in skipped + notes:
+            console.print(line)
+        calibration = calibrate(stage_set, calibration_frames)
+        surrogate = fit_surrogate(profile, hardware, seed=args.seed)
+        costs = stage_costs(stage_set, profile, hardware, size, calibration,
+                            stage_feeds(stage_set, calibration_frames[0]), surrogate)
+        space = StageSpace(hardware, costs, calibration.exits, deadline_ms=args.deadline_ms, memory_mb=memory)
+        base_accuracy = calibration.exits.base_accuracy
+        depth_set = stage_set
+        if args.width is not None:
+            extra.extend(space.baselines())
+            space, built = _width_space(args, model, hardware, calibration_frames, surrogate, profile.units, memory)
+            base_accuracy = 1.0
+        report.update(kind="stages", model=path, size=size, profile_cache=str(cache), energy=profile.power_label(),
+                      calibration_frames=len(calibration_frames),
+                      surrogate=[{"unit": a.unit, "r2": a.r2, "mape": a.mape} for a in
+                                 (surrogate.report if surrogate is not None else ())])
+    with Progress(TextColumn("NSGA-II"), BarColumn(), TextColumn("gen {task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:
+        task = bar.add_task("search", total=args.generations)
+        result = run_search(space, generations=args.generations, population=args.population, seed=args.seed,
+                            on_generation=lambda gen: bar.update(task, completed=gen))
+    chosen = pick(result, args.prefer, args.max_accuracy_drop, base_accuracy)
+    if isinstance(space, StageSpace):
+        extra.append(space.static(chosen))
+    elif isinstance(space, WidthSpace):
+        stage_set = built[chosen.partition or ""]
+    report.update(pick=dict(chosen.to_json(), rule=f"prefer {args.prefer}, accuracy drop <= {args.max_accuracy_drop}"),
+                  pareto=[c.to_json() for c in result.pareto],
+                  baselines=[c.to_json() for c in list(result.baselines) + extra],
+                  search={"seed": result.seed, "generations": result.generations, "population": result.population,
+                          "evaluated": result.evaluated, "feasible": result.feasible,
+                          "seconds": round(result.seconds, 3)})
+    console.print(f"{result.evaluated} candidates evaluated ({result.feasible} feasible) in {result.seconds:.1f} s; "
+                  f"Pareto set {len(result.pareto)}")
+    for c in list(result.baselines) + extra:
+        console.print(f"  {c.label:>14}: {c.latency_ms:8.3f} ms {c.energy_mj:9.3f} mJ  accuracy {c.accuracy:.3f}")
+    console.print(f"  {'pick':>14}: {chosen.latency_ms:8.3f} ms {chosen.energy_mj:9.3f} mJ  accuracy "
+                  f"{chosen.accuracy:.3f}  {dict(chosen.assignment)}")
+    if isinstance(space, (StageSpace, WidthSpace)):
+        mapping = to_mapping(chosen, stage_set, hardware)
+        if args.mapping:
+            data = mapping.to_json()
+            data["hardware"] = args.hw
+            args.mapping.write_text(yaml.safe_dump(data, sort_keys=False))
+            console.print(f"wrote {args.mapping}")
+        if args.measure:
+            bases = [b for b in list(result.baselines) + extra if b.partition is None]
+            runs = [(stage_set, mapping)] + [(depth_set, to_mapping(b, depth_set, hardware)) for b in bases]
+            results = measure_mappings(runs, calibration_frames)
+            errors = []
+            report["measured_baselines"] = {}
+            for label, candidate, got in zip(["pick"] + [b.label for b in bases], [chosen] + bases, results):
+                error = abs(candidate.latency_ms - got["mean_ms"]) / got["mean_ms"]
+                errors.append(error)
+                entry = dict(got, predicted_ms=candidate.latency_ms, error=error)
+                if label == "pick":
+                    report["measured"] = entry
+                else:
+                    report["measured_baselines"][label] = entry
+                console.print(f"  {label:>14}: measured {got['mean_ms']:.3f} ms in the stage runtime (predicted "
+                              f"{candidate.latency_ms:.3f} ms, error {error:.1%}); exits {got['exit_rates']}")
+            report["measured_mape"] = sum(errors) / len(errors)
+            console.print(f"MAPE of predicted vs measured mean latency over {len(errors)} mappings: "
+                          f"{report['measured_mape']:.1%}")
+    if args.png:
+        title = f"{report.get('model', 'profile')} on {hardware.name} (energy {report['energy']})"
+        plot_pareto(result, chosen, args.png, Path(title).name if "/" in title else title, extra)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+def _memory_limits(specs: list[str], hardware) -> dict[str, float]:
+    """``UNIT=MB`` options -> {unit: MB}; CommandError naming a bad one."""
+    limits = {}
+    for spec in specs:
+        unit, sep, value = spec.partition("=")
+        try:
+            hardware.unit(unit.strip())
+            mb = float(value)
+        except ValueError as exc:
+            raise CommandError(f"--memory-mb {spec}: {exc if sep else 'expected UNIT=MB'}") from None
+        if not mb > 0:
+            raise CommandError(f"--memory-mb {spec}: the memory must be positive")
+        limits[unit.strip()] = mb
+    return limits
+
+
+def _width_space(args: argparse.Namespace, model, hardware, calibration_frames, surrogate, units,
+                 memory: dict[str, float]) -> tuple[WidthSpace, dict[str, StageSet]]:
+    """The width-split space; each distinct (P, I) is built (probe exits fitted on the calibration
+    frames), calibrated, and its stages timed on each unit (the cost model scales them to other
+    DVFS levels)."""
+    rdp = analyze(model)
+    even = tuple([1.0 / args.width] * args.width)
+    no_reuse = tuple(tuple(0 for _ in range(args.width)) for _ in range(args.width))
+    trial = width_stages(model, WidthSpec(args.width, even, {}, no_reuse), None, rdp=rdp)
+    p_layers, i_layers = split_layers(trial)
+    built: dict[str, StageSet] = {}
+    usable = [u for u in units if u in hardware.unit_names]
+
+    def build(spec: WidthSpec):
+        stage_set = width_stages(model, spec, calibration_frames, rdp=rdp)
+        built[json.dumps(spec.to_json(), sort_keys=True)] = stage_set
+        calibration = calibrate(stage_set, calibration_frames)
+        measured = measure_stages(stage_set, hardware, usable, calibration_frames[0], repeats=args.repeats)
+        costs = measured_costs(stage_set, calibration, stage_feeds(stage_set, calibration_frames[0]), hardware,
+                               measured, surrogate)
+        return costs, calibration.exits
+    space = WidthSpace(hardware, p_layers, i_layers, args.width, build, reuse_cap=args.reuse_cap,
+                       deadline_ms=args.deadline_ms, memory_mb=memory)
+    return space, built

@@ -1,0 +1,54 @@
+"""`dynnet map show`: a search result (its --json file) as tables."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+from dynnet_ros.commands import CommandError, arguments
+
+ACTION = "show"
+HELP = "print a `dynnet map search --json` result: the pick, the baselines and the Pareto set"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("result", nargs="?", type=arguments.existing_file, default=None,
+                        help="the JSON `dynnet map search --json` wrote")
+    parser.add_argument("--limit", type=arguments.positive_int, default=20, help="Pareto rows shown (default 20)")
+
+
+def _row(table: Table, label: str, entry: dict) -> None:
+    assignment = entry.get("assignment", {})
+    units = ", ".join(f"{k}:{v}" for k, v in assignment.items())
+    table.add_row(label, f"{entry['latency_ms']:.3f}", f"{entry['energy_mj']:.3f}", f"{entry.get('accuracy', 1):.3f}",
+                  units if len(units) < 70 else units[:67] + "...")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.result is None:
+        raise CommandError("give the JSON file `dynnet map search --json` wrote")
+    try:
+        data = json.loads(args.result.read_text())
+        pick, pareto, baselines = data["pick"], data["pareto"], data.get("baselines", [])
+        for entry in [pick, *pareto, *baselines]:
+            float(entry["latency_ms"]), float(entry["energy_mj"])
+    except json.JSONDecodeError as exc:
+        raise CommandError(f"{args.result}: not JSON ({exc.msg}, line {exc.lineno})") from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CommandError(f"{args.result}: not a `dynnet map search --json` result (missing {exc})") from None
+    console = Console()
+    console.print(f"{data.get('kind', '?')} search on {data.get('hardware', '?')}, energy {data.get('energy', '?')}; "
+                  f"{json.dumps(data.get('search', {}))}")
+    table = Table("", "latency ms", "energy mJ", "accuracy", "assignment")
+    _row(table, f"pick ({pick.get('rule', '')})", pick)
+    for entry in baselines:
+        _row(table, entry.get("label", "baseline"), entry)
+    for i, entry in enumerate(pareto[:args.limit]):
+        _row(table, f"pareto {i}", entry)
+    console.print(table)
+    if "measured" in data:
+        m = data["measured"]
+        console.print(f"measured {m['mean_ms']:.3f} ms vs predicted {m['predicted_ms']:.3f} ms ({m['error']:.1%})")
+    return 0

@@ -1,0 +1,126 @@
+"""DepthEstimator: an exported depth model as a function (frame, LiDAR) -> Depth in metres (source pixels)."""
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from typing import Sequence
+
+import numpy as np
+
+from dynnet_ros.perception.core import PerceptionCore, check_positive_int
+from dynnet_ros.perception.depth_fit import robust_affine_fit
+from dynnet_ros.perception.formats.depth import DEPTH_FORMATS, LIDAR_INPUT, DepthFormat
+from dynnet_ros.perception.letterbox import Letterbox
+from dynnet_ros.perception.preprocess import PreprocessOptions
+from dynnet_ros.perception.projection import check_points, project_depth, project_points, validate_intrinsics
+from dynnet_ros.perception.results import Depth, DepthFit
+
+
+def _positive(value: float, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not 0 < float(value) < np.inf:
+        raise ValueError(f"{what} must be a finite positive number, got {value!r}")
+    return float(value)
+
+
+class DepthEstimator(PerceptionCore[DepthFormat]):
+    """Run a depth export on HxWx3 uint8 RGB frames, with optional LiDAR.
+
+    ``lidar_points``: (N, 3) points in the camera's optical frame (metres); ``camera_matrix``: the
+    frame's 3x3 intrinsics. Metric models: metres = output x ``depth_scale``. Relative
+    inverse-depth models: 1 / metres = scale x output + shift, fitted per frame to the LiDAR
+    points that land on the frame (``depth_fit``); with fewer than ``min_fit_points`` the last
+    good fit is held, and before any fit the map is all 0 (unknown). Zoo models take the
+    LiDAR as an input channel. Depths are clipped to ``max_depth_m``; 0 means unknown.
+    """
+
+    task = "depth"
+
+    def __init__(self, model_path: str | os.PathLike, model_format: str = "auto", *, depth_scale: float = 1.0,
+                 max_depth_m: float = 100.0, min_fit_points: int = 20, backend: str = "cpu",
+                 memory_budget_mb: float | None = None, mean: Sequence[float] | None = None,
+                 std: Sequence[float] | None = None, channel_order: str | None = None, scale: float | None = None,
+                 layout: str | None = None, input_size: int | Sequence[int] | None = None,
+                 input_multiple: int | None = None, resize: str | None = None, pad_value: float | None = None,
+                 pad_position: str | None = None, threads: int | None = None,
+                 swappable: bool = False) -> None:
+        self.depth_scale = _positive(depth_scale, "depth_scale")
+        self.max_depth_m = _positive(max_depth_m, "max_depth_m")
+        self.min_fit_points = check_positive_int(min_fit_points, "min_fit_points")
+        if self.min_fit_points < 3:
+            raise ValueError(f"min_fit_points must be >= 3 (a line and a check), got {min_fit_points}")
+        options = PreprocessOptions(channel_order=channel_order, scale=scale, mean=mean, std=std, layout=layout,
+                                    input_size=input_size, input_multiple=input_multiple, resize=resize,
+                                    pad_value=pad_value, pad_position=pad_position)
+        super().__init__(model_path, model_format, DEPTH_FORMATS, preprocess=options, backend=backend,
+                         memory_budget_mb=memory_budget_mb, threads=threads, swappable=swappable)
+        if self.format.relative and depth_scale != 1.0:
+            self.close()
+            raise ValueError("depth_scale applies to metric outputs; a relative model is scaled by the LiDAR fit")
+        self.output_name = self.format.output(self.info).name
+        self._last_fit: DepthFit | None = None
+
+    def __call__(self, frame: np.ndarray, lidar_points: np.ndarray | None = None,
+                 camera_matrix: np.ndarray | None = None) -> Depth:
+        if (lidar_points is None) != (camera_matrix is None):
+            raise ValueError("lidar_points and camera_matrix go together: the points are projected with the "
+                             "camera matrix")
+        k = None if camera_matrix is None else validate_intrinsics(camera_matrix)
+        points = None if lidar_points is None else check_points(lidar_points)
+        with self._lock:
+            tensor, box = self._prepare(frame)
+            feeds = {self.preprocess.input_name: tensor}
+            in_view = 0
+            if self.format.lidar_input:
+                feeds[LIDAR_INPUT], in_view = self._lidar_channel(points, k, box)
+            value = self._run(feeds)[self.output_name]
+        plane = np.asarray(value, dtype=np.float32)
+        if plane.size != plane.shape[-1] * plane.shape[-2]:
+            raise ValueError(f"depth output {self.output_name} has shape {list(plane.shape)}, expected one map")
+        source = box.to_source(plane.reshape(plane.shape[-2:]))
+        source = np.nan_to_num(source, nan=0.0, posinf=0.0, neginf=0.0)
+        if not self.format.relative:
+            metres = np.multiply(source, np.float32(self.depth_scale), dtype=np.float32)
+            np.nan_to_num(metres, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
+            np.clip(metres, 0.0, self.max_depth_m, out=metres)
+            if not self.format.lidar_input and points is not None and k is not None:
+                in_view = len(project_points(points, k, frame.shape[0], frame.shape[1])[0])
+            return Depth(metres, None, in_view)
+        return self._metric_from_relative(source, points, k)
+
+    def _lidar_channel(self, points: np.ndarray | None, k: np.ndarray | None,
+                       box: Letterbox) -> tuple[np.ndarray, int]:
+        """The projected LiDAR at the model input's size (0 = no return, also in the padding)."""
+        channel = np.zeros((1, 1, box.pad_h, box.pad_w), dtype=np.float32)
+        if points is None or k is None:
+            return channel, 0
+        sparse = project_depth(points, box.scale_intrinsics(k), box.pad_h, box.pad_w)
+        inner = channel[0, 0, box.top: box.top + box.new_h, box.left: box.left + box.new_w]
+        inner[...] = sparse[box.top: box.top + box.new_h, box.left: box.left + box.new_w]
+        return channel, int(np.count_nonzero(inner))
+
+    def _metric_from_relative(self, relative: np.ndarray, points: np.ndarray | None,
+                              k: np.ndarray | None) -> Depth:
+        height, width = relative.shape
+        u = v = z = np.zeros(0)
+        if points is not None and k is not None:
+            u, v, z = project_points(points, k, height, width)
+        fitted = robust_affine_fit(relative[v, u], 1.0 / z, min_points=self.min_fit_points) \
+            if len(z) >= self.min_fit_points else None
+        if fitted is not None:
+            fit = DepthFit(fitted.scale, fitted.shift, fitted.residual, int(len(z)), fitted.inliers, held=False)
+            self._last_fit = fit
+        elif self._last_fit is not None:
+            fit = replace(self._last_fit, points=int(len(z)), held=True)
+        else:
+            return Depth(np.zeros((height, width), dtype=np.float32), None, int(len(z)), relative)
+        inverse = relative * np.float32(fit.scale) + np.float32(fit.shift)
+        metres = np.float32(1.0) / np.maximum(inverse, np.float32(1.0 / self.max_depth_m))
+        return Depth(metres.astype(np.float32, copy=False), fit, int(len(z)), relative)
+
+    @property
+    def last_fit(self) -> DepthFit | None:
+        return self._last_fit
+
+    def describe(self) -> dict:
+        return {**super().describe(), "output": self.output_name, "depth_scale": self.depth_scale,
+                "max_depth_m": self.max_depth_m, "min_fit_points": self.min_fit_points}

@@ -1,0 +1,1 @@
+"""Model export formats per task: signature checks (for ``auto``), preprocessing defaults, decoders."""

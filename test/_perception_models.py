@@ -1,0 +1,101 @@
+"""Small ONNX models in each export format the perception cores read, built with onnx.helper.
+
+Detector fixtures return hand-placed constant outputs (so a test knows exactly what the model
+"predicted") that still depend on the image input in the graph (times zero), the way a real
+export's outputs do. Dense fixtures (segmentation, depth) compute their maps from the pixels
+with a 1x1 convolution, so the expected map follows from the frame.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+Dims = Sequence[int | str]
+
+
+def _save(nodes, inputs, outputs, inits, path: Path, metadata: Mapping[str, str] | None = None) -> str:
+    graph = helper.make_graph(nodes, path.stem, inputs, outputs, initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    for key, value in (metadata or {}).items():
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def constant_outputs(path: Path, outputs: Mapping[str, np.ndarray], *, input_name: str = "images",
+                     input_dims: Dims = (1, 3, 64, 64), input_type: int = TensorProto.FLOAT,
+                     output_dims: Mapping[str, Dims] | None = None, metadata: Mapping[str, str] | None = None,
+                     extra_inputs: Mapping[str, tuple[int, Dims]] | None = None) -> str:
+    """A model whose outputs are the given arrays (+ 0 x the sum of the image input).
+
+    ``output_dims`` declares an output's dims (symbolic names allowed) instead of the array's shape.
+    """
+    nodes = [helper.make_node("Cast", [input_name], ["as_float"], to=TensorProto.FLOAT),
+             helper.make_node("ReduceSum", ["as_float"], ["total"], keepdims=0),
+             helper.make_node("Mul", ["total", "zero"], ["nothing"])]
+    inits = [numpy_helper.from_array(np.array(0.0, np.float32), "zero")]
+    outs = []
+    for name, value in outputs.items():
+        value = np.asarray(value)
+        inits.append(numpy_helper.from_array(value, f"{name}_value"))
+        if value.dtype == np.float32:
+            nodes.append(helper.make_node("Add", [f"{name}_value", "nothing"], [name]))
+            elem: int = TensorProto.FLOAT
+        else:
+            nodes += [helper.make_node("Cast", ["nothing"], [f"{name}_nothing"], to=TensorProto.INT64),
+                      helper.make_node("Add", [f"{name}_value", f"{name}_nothing"], [name])]
+            elem = TensorProto.INT64
+        dims = (output_dims or {}).get(name, list(value.shape))
+        outs.append(helper.make_tensor_value_info(name, elem, list(dims)))
+    inputs = [helper.make_tensor_value_info(input_name, input_type, list(input_dims))]
+    for name, (extra_type, extra_dims) in (extra_inputs or {}).items():
+        inputs.append(helper.make_tensor_value_info(name, extra_type, list(extra_dims)))
+    return _save(nodes, inputs, outs, inits, path, metadata)
+
+
+def pixel_map(path: Path, weights: np.ndarray, bias: np.ndarray, *, input_name: str = "image",
+              input_dims: Dims = (1, 3, "H", "W"), output_name: str = "out", stride: int = 1,
+              sigmoid: bool = False, squeeze: bool = False, extra_outputs: Sequence[str] = (),
+              metadata: Mapping[str, str] | None = None) -> str:
+    """out = conv1x1(image, weights) + bias, at 1/``stride`` resolution (average pooled first).
+
+    ``weights`` (C_out, 3); ``squeeze`` drops the channel axis ([1, H, W], C_out must be 1);
+    ``extra_outputs`` adds the negated map under other names, before ``output_name`` (multi-output
+    models whose first output is not the one to decode).
+    """
+    c_out = weights.shape[0]
+    inits = [numpy_helper.from_array(weights.reshape(c_out, 3, 1, 1).astype(np.float32), "w"),
+             numpy_helper.from_array(bias.astype(np.float32), "b")]
+    nodes = []
+    src = input_name
+    if stride > 1:
+        nodes.append(helper.make_node("AveragePool", [src], ["pooled"], kernel_shape=[stride, stride],
+                                      strides=[stride, stride]))
+        src = "pooled"
+    last = "conv"
+    nodes.append(helper.make_node("Conv", [src, "w", "b"], [last]))
+    if sigmoid:
+        nodes.append(helper.make_node("Sigmoid", [last], ["sig"]))
+        last = "sig"
+    if squeeze:
+        inits.append(numpy_helper.from_array(np.array([1], np.int64), "axis1"))
+        nodes.append(helper.make_node("Squeeze", [last, "axis1"], ["squeezed"]))
+        last = "squeezed"
+    h = "H" if stride == 1 else "Hs"
+    w = "W" if stride == 1 else "Ws"
+    dims: list[int | str] = [1, h, w] if squeeze else [1, c_out, h, w]
+    outputs = []
+    for name in extra_outputs:  # the map negated: decoding the wrong output shows
+        nodes.append(helper.make_node("Neg", [last], [name]))
+        outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, dims))
+    nodes.append(helper.make_node("Identity", [last], [output_name]))
+    outputs.append(helper.make_tensor_value_info(output_name, TensorProto.FLOAT, dims))
+    inputs = [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, list(input_dims))]
+    return _save(nodes, inputs, outputs, inits, path, metadata)
