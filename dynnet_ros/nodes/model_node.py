@@ -23,6 +23,7 @@ import os
 import threading
 import time
 import traceback
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,7 +167,7 @@ def common_specs(task: str) -> list[ParamSpec]:
     ]
 
 
-class ModelNode(Node):
+class ModelNode(Node, ABC):
     """Camera frames in, one model run per newest frame, task-specific outputs out."""
 
     task = "model"
@@ -245,15 +246,15 @@ class ModelNode(Node):
         return self.core.engine
 
     # ------------------------------------------------------------------ subclass hooks
+    @abstractmethod
     def build_core(self, path: str, params: dict[str, Any], memory_budget_mb: float | None) -> PerceptionCore:
         """The task's perception core for ``path`` and the node's parameters (ValueError with the
         reason when the model fits no format, the named format, or the options)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def infer(self, frame: FrameInfo, rgb: np.ndarray, core: PerceptionCore) -> None:
         """Run the core on one HxWx3 uint8 RGB frame and publish the results (header copied from
         ``frame``)."""
-        raise NotImplementedError
 
     def frame_bytes(self, message_bytes: int, letterbox: Letterbox) -> FrameBytes:
         """What this node holds per frame outside its engine (charged to its budget)."""

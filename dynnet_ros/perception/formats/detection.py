@@ -6,6 +6,7 @@ id per box, and says whether NMS is still to be done (raw heads) or was done in 
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -64,15 +65,16 @@ def _static_hw(spec: TensorInfo) -> tuple[int, int] | None:
     return (h, w) if h is not None and w is not None else None
 
 
-class DetectionFormat:
+class DetectionFormat(ABC):
     """Base: one image input, preprocessing defaults, no extra feeds."""
 
     name = ""
     summary = ""
     needs_nms = True
 
+    @abstractmethod
     def fit(self, info: ModelInfo, names: Sequence[str] | None) -> Fit:
-        raise NotImplementedError
+        """Whether this format fits the model, with the reason and how strong the evidence is."""
 
     def image_input(self, info: ModelInfo) -> TensorInfo:
         return required_image_input(info)
@@ -86,8 +88,9 @@ class DetectionFormat:
     def extra_feeds(self, score_threshold: float, nms_iou: float, max_detections: int) -> dict[str, np.ndarray]:
         return {}
 
+    @abstractmethod
     def decode(self, outputs: Mapping[str, np.ndarray], box: Letterbox) -> RawDetections:
-        raise NotImplementedError
+        """The model's outputs as boxes in model-input pixels, scores and class ids."""
 
 
 def _one_output(info: ModelInfo) -> tuple[TensorInfo | None, str]:
@@ -318,8 +321,9 @@ class _SetPrediction(DetectionFormat):
         classes = self._classes(found[1])
         return None if classes is None else classes - (1 if self.background_class else 0)
 
+    @abstractmethod
     def _probabilities(self, logits: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        """Class probabilities from the model's logits (softmax or sigmoid, per format)."""
 
     def decode(self, outputs: Mapping[str, np.ndarray], box: Letterbox) -> RawDetections:
         names = list(outputs)
