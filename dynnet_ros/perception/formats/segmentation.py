@@ -1,6 +1,7 @@
 """Segmentation export formats: per-class logits, one-channel probabilities/logits, the zoo's lane model."""
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Sequence
 
 import numpy as np
@@ -25,7 +26,7 @@ SEGMENTATION_DEFAULTS = PreprocessDefaults(mean=IMAGENET_MEAN, std=IMAGENET_STD,
                                            input_size=640, multiple=32)
 
 
-class SegmentationFormat:
+class SegmentationFormat(ABC):
     """Base: one image input; the output decoded is ``output_name`` (default: the model's first)."""
 
     name = ""
@@ -49,8 +50,9 @@ class SegmentationFormat:
     def defaults(self) -> PreprocessDefaults:
         return SEGMENTATION_DEFAULTS
 
+    @abstractmethod
     def fit(self, info: ModelInfo, names: Sequence[str] | None) -> Fit:
-        raise NotImplementedError
+        """Whether this format fits the model, with the reason and how strong the evidence is."""
 
 
 def class_count(out: TensorInfo) -> int | None:
