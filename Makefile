@@ -13,6 +13,8 @@ ORT_PINS := $(if $(ORT),requirements-ort$(ORT).txt)
 VENV   ?= $(if $(filter python3,$(PYTHON)),.venv,.venv-$(PYTHON_MM))$(if $(ORT),-ort$(ORT))
 PY     := $(VENV)/bin/python
 DEMO_DURATION ?= 30
+# BAG=path: `make demo` plays that rosbag2 directory / .mcap / .db3 / ROS 1 .bag in a loop instead of the simulator
+BAG ?=
 PYTEST_ARGS ?=
 
 # Keep every ROS process on loopback unless the user chose otherwise.
@@ -23,7 +25,7 @@ export PYTHONDONTWRITEBYTECODE = 1
 .PHONY: venv zoo test test-subset lint demo bench colcon-check clean help
 
 help:
-	@echo "make demo   - build the venv and demo models, run the vehicle graph, write demo-report/"
+	@echo "make demo   - build the venv and demo models, run the vehicle graph, write demo-report/ (BAG=path: on a bag)"
 	@echo "make test   - build the venv and run the whole test suite"
 	@echo "make test-subset - the platform subset (tests marked 'subset'), e.g. make PYTHON=python3.10 test-subset"
 	@echo "make lint   - ruff and mypy (also part of make test)"
@@ -69,7 +71,7 @@ lint: venv
 	$(VENV)/bin/mypy dynnet_ros
 
 demo: zoo
-	$(VENV)/bin/dynnet demo --duration $(DEMO_DURATION) --report demo-report
+	$(VENV)/bin/dynnet demo --duration $(DEMO_DURATION) --report demo-report $(if $(BAG),--bag "$(BAG)")
 
 bench: zoo
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -12,6 +12,8 @@ NODES = {
     "pedestrian_node": "dynnet_ros.nodes.pedestrian_node:main",
     "depth_node": "dynnet_ros.nodes.depth_node:main",
     "budget_manager": "dynnet_ros.nodes.budget_manager:main",
+    "foxglove_view": "dynnet_ros.nodes.foxglove_view:main",
+    "recorder": "dynnet_ros.nodes.recorder:main",
 }
 
 setup(
@@ -27,7 +29,7 @@ setup(
     ],
     # Runtime Python deps (pinned in requirements.txt; package.xml lists the rosdep keys).
     install_requires=["setuptools", "numpy", "onnx", "onnxruntime", "PyYAML", "psutil", "rich", "matplotlib",
-                      "pymoo", "xgboost-cpu"],
+                      "pymoo", "xgboost-cpu", "rosbags", "foxglove-sdk"],
     python_requires=">=3.10, <3.14",
     zip_safe=True,
     maintainer="dynnet_ros maintainers",

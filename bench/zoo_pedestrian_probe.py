@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
-from dynnet_ros.nodes import scene
+from dynnet_ros.sim import scene
 from dynnet_ros.zoo import build_model
 
 RESOLUTIONS = ((640, 480), (1280, 736), (320, 256))

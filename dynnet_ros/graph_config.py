@@ -26,6 +26,11 @@ EXECUTABLES: dict[str, str] = {
     "depth_node": "dynnet_ros.nodes.depth_node",
     "budget_manager": "dynnet_ros.nodes.budget_manager",
 }
+#: executables a launcher adds on request (`dynnet up --foxglove`), never listed in a graph config
+ON_REQUEST: dict[str, str] = {
+    "foxglove_view": "dynnet_ros.nodes.foxglove_view",
+    "recorder": "dynnet_ros.nodes.recorder",
+}
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TOPIC = re.compile(r"^~?/?[A-Za-z_~{][A-Za-z0-9_/{}~]*$")
 _RESPAWN_KEYS = {"respawn", "respawn_delay_s", "respawn_max_retries", "respawn_window_s"}
@@ -223,7 +228,7 @@ class ProcessSpec:
 
     @property
     def module(self) -> str:
-        return EXECUTABLES[self.executable]
+        return EXECUTABLES.get(self.executable) or ON_REQUEST[self.executable]
 
     def params_file_data(self) -> dict:
         """Content of this node's own ROS 2 --params-file.
@@ -244,6 +249,25 @@ def graph_processes(graph: GraphConfig, use_sim: bool = True, namespace: str = "
                         parameters=dict(node.parameters), remappings=tuple(node.remappings.items()),
                         respawn=node.respawn)
             for node in graph.selected(use_sim)]
+
+
+def view_process(namespace: str, port: int) -> ProcessSpec:
+    """The Foxglove live view (`dynnet up --foxglove`): its own process in the graph's namespace,
+    serving on 127.0.0.1:port, restarted like the config's nodes when it crashes."""
+    return ProcessSpec(name="foxglove_view", executable="foxglove_view", namespace=validate_namespace(namespace),
+                       parameters={"port": port}, remappings=())
+
+
+def recorder_process(namespace: str, output: str | Path, storage: str, nodes: list[str],
+                     sim_time: bool = False) -> ProcessSpec:
+    """The bag recorder (`dynnet up|replay --record OUT`): records the topics ``nodes`` (fully
+    qualified names) publish or subscribe to. Not restarted: a second recorder could not write to
+    the same OUT."""
+    parameters: dict[str, Any] = {"output": str(output), "storage": storage, "nodes": list(nodes) or [""]}
+    if sim_time:
+        parameters["use_sim_time"] = True
+    return ProcessSpec(name="recorder", executable="recorder", namespace=validate_namespace(namespace),
+                       parameters=parameters, remappings=(), respawn=RespawnPolicy(enabled=False))
 
 
 def node_command(process: ProcessSpec, params_file: str | Path, python: str = sys.executable) -> list[str]:

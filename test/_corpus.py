@@ -174,6 +174,9 @@ class CorpusModel:
     resource: str        # the file's path inside the package folder
     exporter: str        # which tool wrote the ONNX file
     feeds: Callable[[np.random.Generator], Feeds]  # ≥ 3 valid feeds, each a different input shape
+    #: the size an application feeds (``Engine(input_shapes=…)``, what a node passes); None: the
+    #: planner's default (dynamic sides at 640, a page for the text detector)
+    input_shapes: dict[str, tuple[int, ...]] | None = None
 
     def path(self) -> Path | None:
         """The model file, or None when its package is not installed."""
@@ -195,13 +198,14 @@ _OCR = "rapidocr_onnxruntime"
 
 CORPUS: tuple[CorpusModel, ...] = (
     CorpusModel("yolov8n-detector", "detector", "nudenet", "nudenet==3.4.2", "320n.onnx",
-                "Ultralytics YOLOv8 via torch.onnx", _detector_feeds),
+                "Ultralytics YOLOv8 via torch.onnx", _detector_feeds, {"images": (1, 3, 320, 320)}),
     CorpusModel("ppocr-text-detector", "segmenter", _OCR, "rapidocr-onnxruntime==1.4.4",
                 "models/ch_PP-OCRv4_det_infer.onnx", "paddle2onnx", _text_detector_feeds),
     CorpusModel("ppocr-text-recogniser", "text-recogniser", _OCR, "rapidocr-onnxruntime==1.4.4",
-                "models/ch_PP-OCRv4_rec_infer.onnx", "paddle2onnx", _recogniser_feeds),
+                "models/ch_PP-OCRv4_rec_infer.onnx", "paddle2onnx", _recogniser_feeds, {"x": (1, 3, 48, 320)}),
     CorpusModel("ppocr-direction-classifier", "classifier", _OCR, "rapidocr-onnxruntime==1.4.4",
-                "models/ch_ppocr_mobile_v2.0_cls_infer.onnx", "PaddlePaddle", _classifier_feeds),
+                "models/ch_ppocr_mobile_v2.0_cls_infer.onnx", "PaddlePaddle", _classifier_feeds,
+                {"x": (1, 3, 48, 192)}),
     CorpusModel("silero-vad", "recurrent", "silero_vad", "silero-vad==6.2.3",
                 "data/silero_vad.onnx", "spox", _vad_feeds),
     CorpusModel("silero-vad-op15", "recurrent", "silero_vad", "silero-vad==6.2.3",

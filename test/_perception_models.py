@@ -19,8 +19,7 @@ Dims = Sequence[int | str]
 
 def _save(nodes, inputs, outputs, inits, path: Path, metadata: Mapping[str, str] | None = None) -> str:
     graph = helper.make_graph(nodes, path.stem, inputs, outputs, initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     for key, value in (metadata or {}).items():
         entry = model.metadata_props.add()
         entry.key, entry.value = key, value

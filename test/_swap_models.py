@@ -32,8 +32,7 @@ def conv_chain(path, *, channels=(3, 16, 32, 32, 16), seed: int = 0) -> str:
                               [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, "H", "W"])],
                               [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, 1, "H", "W"])],
                               initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return str(path)

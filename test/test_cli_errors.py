@@ -39,6 +39,8 @@ TINY, EMPTY, TEXT, A_DIR, A_FILE = "<tiny.onnx>", "<empty.onnx>", "<text.onnx>",
 # mappings naming those partitions or a unit the hardware lacks
 BAD_P, BAD_I = "<bad_p.yaml>", "<bad_i.yaml>"
 BAD_P_MAP, BAD_I_MAP, BAD_UNIT = "<bad_p_map.yaml>", "<bad_i_map.yaml>", "<bad_unit.yaml>"
+# bags cut short or not a database at all
+TRUNCATED_BAG, CORRUPT_BAG = "<truncated.mcap>", "<corrupt.db3>"
 
 #: sub-command -> (arguments, a substring the error line must contain)
 CASES: dict[str, list[tuple[list[str], str]]] = {
@@ -69,6 +71,8 @@ CASES: dict[str, list[tuple[list[str], str]]] = {
         (["--duration", "1", "--config", "missing.yaml"], "argument --config"),
         (["--duration", "1", "--namespace", "1bad"], "argument --namespace"),
         (["--duration", "1", "--report", A_FILE], "not a directory"),
+        (["--duration", "1", "--bag", "missing-bag"], "no such file or directory"),
+        (["--duration", "1", "--bag", TRUNCATED_BAG], "not a readable bag"),
     ],
     "dynnet map run": [
         ([TINY, "--mapping", BAD_UNIT], "has no unit 'npu0'"),
@@ -127,6 +131,17 @@ CASES: dict[str, list[tuple[list[str], str]]] = {
         ([TEXT], "argument model"),
         (["zoo:nope"], "unknown zoo model"),
     ],
+    "dynnet replay": [
+        ([], "give the BAG"),
+        (["missing-bag"], "no such file or directory"),
+        ([TRUNCATED_BAG], "not a readable bag (truncated or corrupt?)"),
+        ([CORRUPT_BAG], "not a readable bag"),
+        ([A_DIR], "a directory without metadata.yaml"),
+        ([TEXT], "unknown file type '.onnx'"),
+        ([TRUNCATED_BAG, "--remap", "nope"], "argument --remap"),
+        ([TRUNCATED_BAG, "--namespace", "1bad"], "argument --namespace"),
+        ([TRUNCATED_BAG, "--config", "missing.yaml"], "argument --config"),
+    ],
     "dynnet swap prepare": [
         ([EMPTY], "argument model"),
         (["zoo:nope"], "unknown zoo model"),
@@ -148,8 +163,25 @@ CASES: dict[str, list[tuple[list[str], str]]] = {
     "dynnet up": [
         (["--duration", "0"], "--duration"),
         (["--duration", "1", "--config", "missing.yaml"], "not found"),
-        (["--duration", "1", "--namespace", "1bad"], "namespace"),
+        (["--duration", "1", "--namespace", "1bad"], "argument --namespace"),
         (["--duration", "1", "--memory-root", A_FILE], "no such directory"),
+        (["--duration", "1", "--foxglove", "--foxglove-port", "70000"], "not a TCP port"),
+        (["--duration", "1", "--foxglove-port", "8765"], "--foxglove-port needs --foxglove"),
+        (["--duration", "1", "--record", A_FILE], "exists already"),
+        (["--duration", "1", "--record", "/proc/dynnet-test.mcap"], "is not writable"),
+        (["--duration", "1", "--record", "no-such-dir/out.mcap"], "does not exist"),
+    ],
+    "dynnet sim": [
+        ([], "--record"),
+        (["--record", A_FILE], "exists already"),
+        (["--record", A_DIR], "exists already"),
+        (["--record", "/proc/dynnet-test.mcap"], "is not writable"),
+        (["--record", "out.mcap", "--format", "sqlite3"], "a .mcap output is an MCAP file"),
+        (["--record", "out.db3"], "rosbag2 directory"),
+        (["--record", "out.mcap", "--frames", "2", "--duration", "1"], "not allowed with argument"),
+        (["--record", "out.mcap", "--rate", "100"], "rate_hz must be in 0.2..60"),
+        (["--record", "out.mcap", "--resolutions", "640x480,8x8"], "outside 16..8192"),
+        (["--record", "out.mcap", "--pedestrians", "9"], "argument --pedestrians"),
     ],
     "dynnet zoo build": [
         (["--out", A_FILE], "not a directory"),
@@ -164,7 +196,8 @@ CASES: dict[str, list[tuple[list[str], str]]] = {
 
 #: bad values for the argument types, by type (generic cases)
 BAD_VALUES = {arguments.positive_int: "0", arguments.nonnegative_int: "-1", arguments.positive_float: "-1",
-              arguments.model_spec: EMPTY, arguments.output_file: "no-such-dir/out.json", arguments.fraction: "1.5"}
+              arguments.model_spec: EMPTY, arguments.output_file: "no-such-dir/out.json", arguments.fraction: "1.5",
+              arguments.tcp_port: "65536", arguments.bag_output: A_FILE, arguments.camera_resolutions: "640"}
 
 
 def _leaves() -> dict[str, argparse.ArgumentParser]:
@@ -188,7 +221,8 @@ def files(tmp_path, monkeypatch):
         [helper.make_node("Relu", ["image"], ["out"])], "tiny",
         [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, "H", "W"])],
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 3, "H", "W"])])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(work / "tiny.onnx"))
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+              str(work / "tiny.onnx"))
     (work / "empty.onnx").write_bytes(b"")
     (work / "text.onnx").write_text("not a model\n")
     (work / "a_dir").mkdir()
@@ -198,9 +232,12 @@ def files(tmp_path, monkeypatch):
     (work / "bad_p_map.yaml").write_text("partition: bad_p.yaml\nstages: [cpu0]\n")
     (work / "bad_i_map.yaml").write_text("partition: bad_i.yaml\nstages: [cpu0]\n")
     (work / "bad_unit.yaml").write_text("hardware: this-machine\nstages: [{unit: npu0}]\n")
+    (work / "truncated.mcap").write_bytes(b"\x89MCAP0\r\n\x01\x00\x00\x00")  # the magic, then it stops
+    (work / "corrupt.db3").write_text("not a database\n")
     return {TINY: "tiny.onnx", EMPTY: "empty.onnx", TEXT: "text.onnx", A_DIR: "a_dir", A_FILE: "a_file",
             BAD_P: "bad_p.yaml", BAD_I: "bad_i.yaml", BAD_P_MAP: "bad_p_map.yaml", BAD_I_MAP: "bad_i_map.yaml",
-            BAD_UNIT: "bad_unit.yaml", "cache": tmp_path / "cache"}
+            BAD_UNIT: "bad_unit.yaml", TRUNCATED_BAG: "truncated.mcap", CORRUPT_BAG: "corrupt.db3",
+            "cache": tmp_path / "cache"}
 
 
 def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:

@@ -67,7 +67,8 @@ def _stem_model(path, k1: int, s1: int, p1: int, k2: int, s2: int, p2: int, read
         outputs.append(helper.make_tensor_value_info(f"out{i}", TensorProto.FLOAT, [1, 32, "h", "w"]))
     graph = helper.make_graph(nodes, "stem", [helper.make_tensor_value_info("image", TensorProto.FLOAT,
                                                                             [1, 3, "H", "W"])], outputs, inits)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, path)
     return str(path)
 
 

@@ -21,8 +21,7 @@ def _conv_model() -> onnx.ModelProto:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "H", "W"])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, "H", "W"])],
         initializer=[weight])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     return model
 
 

@@ -49,7 +49,7 @@ def _residual_chain(path) -> str:
                                                                                   [1, 3, "H", "W"])],
                               [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, 1, "h", "w"])],
                               [w("w0", (32, 3, 3, 3)), w("w1", (32, 32, 3, 3)), w("w2", (1, 32, 1, 1))])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.save(model, path)
     return str(path)
 
@@ -150,7 +150,7 @@ def test_models_without_blocked_kernels_are_planned_as_given(tmp_path, monkeypat
                               "elementwise", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
                               [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 8])])
     path = tmp_path / "elementwise.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
     with Engine(str(path), threads=1) as engine:
         assert engine._executor.options.layout == "as-given"
         x = np.linspace(-1, 1, 24, dtype=np.float32).reshape(3, 8)

@@ -18,7 +18,7 @@ def _model(path, op: str = "Relu") -> str:
     graph = helper.make_graph([helper.make_node(op, ["x"], ["y"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
     return str(path)
 
 
@@ -41,7 +41,7 @@ def test_invalid_model_reports_the_checker_message(tmp_path):
                               "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
                               [helper.make_tensor_value_info("w", TensorProto.FLOAT, [4])])
     path = tmp_path / "dangling.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
     for _ in range(2):  # an invalid verdict is never cached
         with pytest.raises(ValueError, match="checker"):
             load_skeleton(path)
@@ -57,6 +57,6 @@ def test_without_a_child_process_the_check_runs_here(tmp_path, monkeypatch):
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
     bad = tmp_path / "bad.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), bad)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), bad)
     with pytest.raises(ValueError, match="checker"):
         load_skeleton(bad)

@@ -18,7 +18,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 
 from dynnet_ros.engine import Engine
-from dynnet_ros.engine.feeds import validate_feeds
+from dynnet_ros.engine.feeds import plan_breach, validate_feeds
 from dynnet_ros.engine.model_io import input_specs
 
 Dim = int | str | None
@@ -75,9 +75,15 @@ class Pair:
             return "refused"
         outputs = self.engine.run(feeds)
         assert list(outputs) == [o.name for o in self.proto.graph.output]
+        # an empty input whose dim name is bound to another size elsewhere (a Concat of [1, 3] and
+        # [0, 1]) is taken by onnxruntime, which leaves the output's part from it unwritten:
+        # uninitialised memory, in its session as in ours, so only the shapes can agree
+        unwritten = plan_breach(input_specs(self.proto), feeds) is not None and \
+            any(isinstance(v, np.ndarray) and v.size == 0 for v in feeds.values())
         for got, want in zip(outputs.values(), expected):
             assert np.shape(got) == np.shape(want)
-            np.testing.assert_array_equal(got, want)  # element-wise ops only: bit-identical
+            if not unwritten:
+                np.testing.assert_array_equal(got, want)  # element-wise ops only: bit-identical
         return "ran"
 
 
@@ -123,8 +129,8 @@ def test_inputs_without_a_shape_take_any_rank():
     # onnx's checker refuses a graph input without a shape (onnxruntime loads it), so an Engine
     # never holds such a model: the validation itself is compared with onnxruntime's
     proto = h.make_model(h.make_graph([h.make_node("Relu", ["x"], ["y"])], "feeds", [tensor("x", T.FLOAT, None)],
-                                      [tensor("y", T.FLOAT, None)]), opset_imports=[h.make_opsetid("", 17)])
-    proto.ir_version = 8
+                                      [tensor("y", T.FLOAT, None)]),
+                         opset_imports=[h.make_opsetid("", 17)], ir_version=8)
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     specs = input_specs(proto)
     assert specs[0].any_shape and "any shape" in specs[0].describe()

@@ -3,90 +3,15 @@ mapping switched at run time, a bad mapping file refused while the old one keeps
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
-from _waiting import wait_for
-from diagnostic_msgs.msg import DiagnosticArray
-from rclpy.parameter import Parameter
-from rclpy.parameter_client import AsyncParameterClient
-from rclpy.qos import qos_profile_sensor_data
-from rclpy.time import Time
-from sensor_msgs.msg import Image
-from std_msgs.msg import Header
+from _lane_client import LaneClient, lane_node
 
-from dynnet_ros.commands.map_inputs import scene_image
-from dynnet_ros.commands.up import stop_process_group
-from dynnet_ros.nodes.background import BackgroundNode
-from dynnet_ros.nodes.convert import array_to_image
-from dynnet_ros.nodes.diagnostics import status_values  # booleans come back as "True" / "False"
-
-ROOT = Path(__file__).resolve().parents[1]
 NS = f"/maptest_{os.getpid()}"
 pytestmark = pytest.mark.timeout(600)
-
-
-class Client:
-    """Publishes scenes, collects lane masks by stamp and the node's diagnostics, sets parameters."""
-
-    def __init__(self) -> None:
-        self.ros = BackgroundNode("mapper_node_test")
-        node = self.ros.node
-        self.lock = threading.Lock()
-        self.masks: dict[int, Image] = {}
-        self.statuses: list[tuple[float, dict]] = []
-        self.image_pub = node.create_publisher(Image, NS + "/camera/image_raw", qos_profile_sensor_data)
-        node.create_subscription(Image, NS + "/lane/mask", self._on_mask, 10)
-        node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 50)
-        self.params = AsyncParameterClient(node, NS + "/lane_node")
-        self.stamp = 100
-        rgb = (scene_image(3, 224, 320)[0][0].transpose(1, 2, 0) * 255).astype(np.uint8)
-        self.rgb = np.ascontiguousarray(rgb)
-        self.ros.start()
-
-    def _on_mask(self, msg: Image) -> None:
-        with self.lock:
-            self.masks[msg.header.stamp.sec] = msg
-
-    def _on_diag(self, msg: DiagnosticArray) -> None:
-        for status in msg.status:
-            if status.hardware_id.startswith(NS + "/"):
-                with self.lock:
-                    self.statuses.append((time.monotonic(), status_values(status)))
-
-    def frame(self, timeout: float = 120.0) -> Image:
-        """Publish the scene with a fresh stamp until its mask comes back (same header)."""
-        self.stamp += 1
-        msg = array_to_image(self.rgb, "rgb8", Header(stamp=Time(seconds=self.stamp).to_msg(), frame_id="cam"))
-
-        def answered():
-            self.image_pub.publish(msg)
-            with self.lock:
-                return self.masks.get(self.stamp)
-        mask = wait_for(answered, timeout, "the lane mask", interval=0.5)
-        assert mask.header.frame_id == "cam" and (mask.width, mask.height) == (320, 224)
-        return mask
-
-    def set(self, **values) -> tuple[bool, str]:
-        assert self.params.wait_for_services(timeout_sec=30.0)
-        future = self.params.set_parameters_atomically([Parameter(k, value=v) for k, v in values.items()])
-        wait_for(future.done, 300, f"set_parameters {sorted(values)}")
-        response = future.result()
-        assert response is not None
-        result = response.result
-        return result.successful, result.reason
-
-    def status_where(self, t0: float, predicate, what: str) -> dict:
-        def match():
-            with self.lock:
-                return next((s for t, s in self.statuses if t >= t0 and predicate(s)), None)
-        return wait_for(match, 60, f"a status with {what}")
 
 
 def _mapping(path: Path, units: list[str], threshold: float) -> str:
@@ -99,26 +24,13 @@ def _mapping(path: Path, units: list[str], threshold: float) -> str:
 def node(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mapper_node")
     never = _mapping(tmp / "never.yaml", ["cpu0", "cpu1"], 2.0)      # exit 0 never confident enough
-    params = tmp / "params.yaml"
-    params.write_text(yaml.safe_dump({"/**": {"ros__parameters": {"threads": 1, "mapping": never}}}))
-    log = (tmp / "node.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "dynnet_ros.nodes.lane_node", "--ros-args", "-r", f"__ns:={NS}",
-                             "--params-file", str(params)], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                            start_new_session=True)
-    client = Client()
-    try:
-        wait_for(lambda: client.params.wait_for_services(timeout_sec=0.5) or proc.poll() is not None, 300,
-                 "the lane node to start")
-        assert proc.poll() is None, (tmp / "node.log").read_text()
+    with lane_node(tmp, NS, {"threads": 1, "mapping": never}, lambda: LaneClient("mapper_node_test", NS).started()) \
+            as client:
         yield {"client": client, "tmp": tmp, "never": never}
-    finally:
-        client.ros.close()
-        stop_process_group(proc)
-        log.close()
 
 
 def test_mapped_mode_reports_exits_and_switches_mapping_at_run_time(node):
-    client: Client = node["client"]
+    client: LaneClient = node["client"]
     t0 = time.monotonic()
     client.frame()
     status = client.status_where(t0, lambda s: s.get("mapped.frames", 0) >= 1, "a mapped frame")
@@ -152,7 +64,7 @@ def test_mapped_mode_reports_exits_and_switches_mapping_at_run_time(node):
 
 
 def test_a_bad_mapping_file_is_refused_and_the_old_mapping_keeps_serving(node):
-    client: Client = node["client"]
+    client: LaneClient = node["client"]
     ok, reason = client.set(mapping=node["never"])
     assert ok, reason
     bad = node["tmp"] / "bad.yaml"

@@ -165,8 +165,9 @@ def test_cli_profile_only_search_writes_the_contract(tmp_path):
 
 
 def test_model_search_pick_runs_in_the_stage_runtime(tmp_path, monkeypatch):
-    """The picked mapping runs in the stage runtime; measured vs predicted is reported (no
-    wall-clock threshold: the machine is shared)."""
+    """The picked mapping runs in the stage runtime; measured vs predicted is reported, and the
+    runtime costs fitted to the baselines predict the pick (no wall-clock threshold: the machine
+    is shared). A small model input and budget keep it quick; every step of the real search runs."""
     import json
 
     import yaml
@@ -175,15 +176,18 @@ def test_model_search_pick_runs_in_the_stage_runtime(tmp_path, monkeypatch):
     from dynnet_ros.mapper.mapping import load_mapping
     monkeypatch.setenv("DYNNET_MAP_DIR", str(tmp_path / "cache"))
     out, mapping = tmp_path / "out.json", tmp_path / "mapping.yaml"
-    assert main(["map", "search", "zoo:multiexit", "--size", "64x64", "--frames", "4", "--repeats", "2", "--no-layers",
-                 "--generations", "2", "--population", "6", "--max-accuracy-drop", "1", "--measure",
+    assert main(["map", "search", "zoo:multiexit", "--size", "32x32", "--frames", "3", "--repeats", "1", "--no-layers",
+                 "--generations", "2", "--population", "4", "--max-accuracy-drop", "1", "--measure",
                  "--json", str(out), "--mapping", str(mapping)]) == 0
     data = json.loads(out.read_text())
     assert list(data["pick"]["assignment"]) == ["stage0", "stage1", "stage2"]
-    assert data["measured"]["mean_ms"] > 0 and data["measured"]["frames"] == 12
+    assert 0 < data["measured"]["min_ms"] <= data["measured"]["mean_ms"] and data["measured"]["frames"] == 15
+    assert data["measured"]["predicted_calibrated_ms"] > 0 and data["measured"]["calibrated_error"] >= 0
+    assert data["runtime_costs"]["slowdown"] > 0 and data["runtime_costs"]["contention"] >= 1
     assert abs(sum(data["measured"]["exit_rates"]) - 1) < 1e-9
     measured = data["measured_baselines"]           # every single-unit mapping and the static split ran too
     assert {"cpu0-only", "static-split"} <= set(measured) and all(m["mean_ms"] > 0 for m in measured.values())
+    assert {"alternating", "alternating-flipped"} <= set(measured)   # calibration runs that cross units
     assert data["measured_mape"] >= 0
     loaded = load_mapping(mapping)
     assert [s.unit for s in loaded.stages] == list(data["pick"]["assignment"].values())

@@ -160,7 +160,7 @@ def test_width_split_refuses_models_it_cannot_split():
              helper.make_node("Gemm", ["f", "hw"], ["y"], name="head", transB=1)]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 4, 8, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])], initializer=inits)
-    grouped = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    grouped = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     with pytest.raises(ValueError, match="grouped convolution"):
         width_stages(grouped, parse_partition({"width": {"stages": 2, "P": [0.5, 0.5]}}).width)
 
@@ -190,7 +190,7 @@ def _scene_classifier(frames: int = 48):
                                                                                  [1, 3, "H", "W"])],
                                   [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 4])],
                                   initializer=inits)
-        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
     probe = build(np.zeros((4, 32), np.float32), np.zeros(4, np.float32))
     pooled = np.stack([_pooled(probe, f) for f in feeds])

@@ -92,3 +92,42 @@ def test_bad_inputs_are_refused():
         TaskGraph((Task(0, "x", "a", 1.0, 1.0, needs=(0,)),), (0,))
     with pytest.raises(ValueError, match="share"):
         width_graph(["l"], [0], np.array([[1.0], [0.0]]), np.zeros((2, 1)), ["a", "b"], lambda *a: (1.0, 1.0))
+
+
+def test_runtime_costs_dispatch_contention_slowdown_and_handoff_by_hand():
+    from dynnet_ros.mapper.system_model import RuntimeCosts
+    hw = _hardware()
+    # two independent 4 ms and 2 ms tasks on a and b at contention 1.5: both advance at 2/3 until b's
+    # finishes at 3 ms (2 ms of work); a has 2 ms left, alone at full rate -> 5 ms
+    pair = TaskGraph((Task(0, "x", "a", 4.0, 1.0), Task(1, "y", "b", 2.0, 1.0)), (0, 1))
+    assert schedule(pair, hw, RuntimeCosts(0.0, 1.5)).finish.tolist() == pytest.approx([5.0, 3.0])
+    assert schedule(pair, hw).finish.tolist() == pytest.approx([4.0, 2.0])
+    # one unit: no overlap, so contention changes nothing; dispatch 0.5 per task; slowdown 2 doubles
+    # each task's own time (2 * 2 + 0.5, then 3 * 2 + 0.5)
+    chain = chain_graph([("g0", "a", 2.0, 20.0, 0, None), ("g1", "a", 3.0, 30.0, 0, None)])
+    assert schedule(chain, hw, RuntimeCosts(0.5, 2.0)).finish.tolist() == pytest.approx([2.5, 6.0])
+    assert schedule(chain, hw, RuntimeCosts(0.5, 1.0, 2.0)).finish.tolist() == pytest.approx([4.5, 11.0])
+    # a handoff between units is paid on top of the transfer (no bytes here: no exchange cost)
+    cross = chain_graph([("g0", "a", 2.0, 20.0, 0, None), ("g1", "b", 3.0, 30.0, 0, None)])
+    assert schedule(cross, hw, RuntimeCosts(handoff_ms=0.5)).finish.tolist() == pytest.approx([2.0, 5.5])
+    assert schedule(chain, hw, RuntimeCosts(handoff_ms=0.5)).finish.tolist() == pytest.approx([2.0, 5.0])
+    # with a transfer (0.5 MB: 1 + 2 * 0.5 = 2 ms) at contention 2: s0l0 and s1l0 share 0..2 (s1l0 done),
+    # s0l0 alone 2..5; s0l1 starts at 5, s1l1 waits for 5 + 2 = 7; both share 7..9 (s1l1 done at 9),
+    # s0l1 has 1 ms left -> 10
+    tasks = (Task(0, "s0l0", "a", 4.0, 0.0, out_bytes=MB // 2), Task(0, "s0l1", "a", 4.0, 0.0, needs=(0,)),
+             Task(1, "s1l0", "b", 1.0, 0.0), Task(1, "s1l1", "b", 1.0, 0.0, needs=(2, 0)))
+    sched = schedule(TaskGraph(tasks, (1, 3)), hw, RuntimeCosts(0.0, 2.0))
+    assert sched.finish.tolist() == pytest.approx([5.0, 10.0, 2.0, 9.0])
+    assert sched.start.tolist() == pytest.approx([0.0, 5.0, 0.0, 7.0])
+    # the event simulation at (d, 1, 1) is the list schedule of the tasks lengthened by d
+    longer = tuple(Task(t.stage, t.name, t.unit, t.latency_ms + 0.25, t.energy_mj, t.out_bytes, t.needs)
+                   for t in tasks)
+    assert schedule(TaskGraph(tasks, (1, 3)), hw, RuntimeCosts(0.25)).finish.tolist() == \
+        pytest.approx(schedule(TaskGraph(longer, (1, 3)), hw).finish.tolist())
+    # expected latency over exits goes through the same schedule
+    out = evaluate(pair, hw, [0.5, 0.5], runtime=RuntimeCosts(0.0, 1.5))
+    assert out.exit_latency_ms == pytest.approx((5.0, 5.0))
+    with pytest.raises(ValueError, match="contention >= 1"):
+        RuntimeCosts(0.0, 0.5)
+    with pytest.raises(ValueError, match="slowdown > 0"):
+        RuntimeCosts(0.0, 1.0, 0.0)

@@ -8,13 +8,13 @@ from std_msgs.msg import Header
 from visualization_msgs.msg import Marker
 
 from dynnet_ros.commands.demo_frames import Pair, lidar_pixels, marker_boxes, render_montage
+from dynnet_ros.geometry import extrinsic_matrix
 from dynnet_ros.nodes.convert import array_to_image, xyzi_to_cloud
-from dynnet_ros.nodes.geometry import extrinsic_matrix
 from dynnet_ros.nodes.lane_node import label_colours
 from dynnet_ros.nodes.model_node import FrameInfo, class_list
 from dynnet_ros.nodes.pedestrian_node import BOX_NS, LABEL_NS, markers
-from dynnet_ros.nodes.scene import camera_matrix, lidar_to_camera_xyzrpy
 from dynnet_ros.perception import Detections
+from dynnet_ros.sim.scene import camera_matrix, lidar_to_camera_xyzrpy
 
 HEADER = Header(frame_id="cam")
 HEADER.stamp.sec = 12

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from catkin_pkg.package import parse_package
 
-from dynnet_ros.graph_config import EXECUTABLES, default_config_path, load_graph
+from dynnet_ros.graph_config import EXECUTABLES, ON_REQUEST, default_config_path, load_graph
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH_FILE = ROOT / "launch" / "vehicle.launch.py"
@@ -24,7 +24,7 @@ LAUNCH_FILE = ROOT / "launch" / "vehicle.launch.py"
 # ROS packages the code imports: the import name is the rosdep key. The venv gets them from
 # PyPI's ros-* wheels pinned in requirements.txt, except those with no wheel (NO_WHEEL).
 ROS_PACKAGES = {"rclpy", "std_msgs", "sensor_msgs", "geometry_msgs", "diagnostic_msgs", "visualization_msgs",
-                "rcl_interfaces", "ament_index_python", "launch", "launch_ros", "vision_msgs"}
+                "rcl_interfaces", "rosgraph_msgs", "ament_index_python", "launch", "launch_ros", "vision_msgs"}
 # PyPI has no wheel for these: rosdep installs them on a robot; without them the venv degrades (README).
 NO_WHEEL = {"launch", "launch_ros", "vision_msgs"}
 # requirements.txt pins with no import of their own: the venv's middleware, which a ROS install
@@ -50,9 +50,14 @@ PYTHON_DEPENDENCIES = {
     "matplotlib": PythonDependency("python3-matplotlib", "matplotlib"),
     "pymoo": PythonDependency("python3-pymoo-pip", "pymoo"),  # no key in rosdistro: rosdep/dynnet_ros.yaml
     "xgboost": PythonDependency("python3-xgboost-cpu-pip", "xgboost-cpu"),  # the same
+    "rosbags": PythonDependency("python3-rosbags-pip", "rosbags"),
+    "foxglove": PythonDependency("python3-foxglove-sdk-pip", "foxglove-sdk"),  # no key in rosdistro: ours
 }
 # Imported only by the tests: the rosdep key package.xml lists as a test_depend.
-TEST_KEYS = {"pytest": "python3-pytest", "hypothesis": "python3-hypothesis", "catkin_pkg": "python3-catkin-pkg"}
+TEST_KEYS = {"pytest": "python3-pytest", "hypothesis": "python3-hypothesis", "catkin_pkg": "python3-catkin-pkg",
+             "websockets": "python3-websockets",
+             # rosdistro's pip rule; mcap comes with it as mcap-ros2-support's dependency
+             "mcap": "mcap-ros2-support", "mcap_ros2": "mcap-ros2-support"}
 # ament_python's convention: install_requires=['setuptools'] for the entry-point shims; the
 # ament_python build type itself brings setuptools, so package.xml does not list it.
 BUILD_ONLY = {"setuptools"}
@@ -190,7 +195,7 @@ def test_setup_cfg_puts_scripts_under_lib_package():
 def test_every_graph_executable_is_a_console_script():
     scripts = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="console_scripts")
                if ep.value.startswith("dynnet_ros")}
-    for executable, module in EXECUTABLES.items():
+    for executable, module in {**EXECUTABLES, **ON_REQUEST}.items():
         assert scripts.get(executable) == f"{module}:main"
         assert callable(importlib.import_module(module).main)
 

@@ -35,8 +35,8 @@ from dynnet_ros.commands.up import stop_process_group
 from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.nodes.convert import array_to_image
 from dynnet_ros.nodes.diagnostics import status_values
-from dynnet_ros.nodes.scene import camera_matrix
 from dynnet_ros.perception import Detector
+from dynnet_ros.sim.scene import camera_matrix
 
 ROOT = Path(__file__).resolve().parents[1]
 NS = f"/perctest_{os.getpid()}"

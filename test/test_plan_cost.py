@@ -138,8 +138,7 @@ def _attention_model(tokens: int = 64, width: int = 32) -> onnx.ModelProto:
              helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Softmax", ["s"], ["p"], axis=-1),
              helper.make_node("MatMul", ["p", "v"], ["y"])]
     model = helper.make_model(helper.make_graph(nodes, "attention", [x], [y], weights),
-                              opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
+                              opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     return model
 
 

@@ -21,7 +21,7 @@ def _conv_model(path=None):
              helper.make_node("NonZero", ["conv1_out"], ["nz"]),
              helper.make_node("Relu", ["nz"], ["r"])]
     g = helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("r", TensorProto.INT64, None)], [w])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     if path:
         onnx.save(m, path)
     return m
@@ -72,7 +72,7 @@ def _if_model(then_shape, else_shape, cond_value=None):
     node = helper.make_node("If", ["c"], ["y"], then_branch=branch("then", then_shape),
                             else_branch=branch("else", else_shape))
     g = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def test_if_merge():
@@ -104,7 +104,7 @@ def test_loop_with_constant_trip_count():
                           [helper.make_tensor_value_info("scans", TensorProto.FLOAT, None)],
                           [numpy_helper.from_array(np.array(5, np.int64), "M"),
                            numpy_helper.from_array(np.array(True), "cond")])
-    res = analyze(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    res = analyze(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
     assert [d if isinstance(d, int) else str(d) for d in res.tensor_dims("scans")] == [5, "N"]
     assert [str(d) for d in res.tensor_dims("acc")] == ["N"]
 

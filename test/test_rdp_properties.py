@@ -175,9 +175,9 @@ def test_random_chains_match_onnxruntime(chain, sizes):
         try:
             env = res.bind({"x": (n, c, h, w)})
         except ValueError as exc:
-            # RDP answers only where every pooling window fits the padded input (onnxruntime
-            # truncates instead of flooring otherwise); bind says so explicitly
-            assert "pooling window larger" in str(exc), exc
+            # RDP refuses a pooling window that overhangs the padded input by a stride or more
+            # (onnxruntime's NCHWc pools crash there); bind says so explicitly
+            assert "pooling window overhangs" in str(exc), exc
             continue
         for name, shape in real.items():
             got = res.tensor_shape(name, env)
@@ -359,3 +359,31 @@ def test_rendered_expressions_are_python_exact(e, h, w):
     assert eval(text, {"__builtins__": {}, "min": min, "max": max}, dict(env)) == want, text  # noqa: S307
     assert eval_str(text, env) == want
     assert parse(text) == e, text
+
+
+@pytest.mark.parametrize("kernel, stride, pads", [(2, 2, 0), (3, 2, 0), (4, 3, 1), (5, 1, 2)])
+def test_pooling_windows_overhanging_by_less_than_a_stride_give_onnxruntimes_lengths(kernel, stride, pads):
+    """onnxruntime truncates a window that overhangs the padded input: one output where the
+    overhang is below a stride (RDP answers that), and the shape is refused from a whole stride on
+    (onnxruntime's NCHWc pools crash there)."""
+    import onnxruntime as ort
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, "H", "W"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[kernel, kernel], strides=[stride, stride],
+                            pads=[pads] * 4)
+    model = helper.make_model(helper.make_graph([node], "pool", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    res = analyze(model)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the NCHW pooling kernel
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    for side in range(1, 2 * kernel + 2):
+        overhang = kernel - (side + 2 * pads)  # how far the window reaches past the padded input
+        shape = (1, 2, side, 9)
+        if overhang >= stride:
+            with pytest.raises(ValueError, match="pooling window overhangs"):
+                res.bind({"x": shape})
+            continue
+        want = session.run(None, {"x": np.zeros(shape, np.float32)})[0].shape
+        assert res.tensor_shape("y", res.bind({"x": shape})) == want, (side, want)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 import pytest
-from _corpus import CorpusModel, pytest_params
+from _corpus import CorpusModel, by_name, pytest_params
 
 from dynnet_ros.engine import Engine
 from dynnet_ros.units import MB
@@ -100,3 +100,35 @@ def test_budgets_of_a_share_of_the_weights_run_or_state_the_minimum(case):
             outcomes[share] = "accepted"
         # the share that the heaviest segment's weights need is the only reason to refuse
         assert outcomes[1.0] == "accepted", outcomes
+
+
+@pytest.fixture(scope="module")
+def classifier() -> CorpusModel:
+    model = by_name("ppocr-direction-classifier")
+    if not model.available():
+        pytest.skip(model.skip_reason)
+    return model
+
+
+def test_text_lines_are_planned_at_their_own_height(classifier):
+    """Sized at 640 x 640 the classifier's cuts save memory; sized at the 48-pixel lines PP-OCR
+    feeds it (``input_shapes``), none do, and it runs as one onnxruntime session."""
+    path = str(classifier.path())
+    with Engine(path) as square, Engine(path, input_shapes=classifier.input_shapes) as lines:
+        assert square.stats()["executor"] == "cpu-planned"
+        assert lines.stats()["executor"] == "cpu" and lines.stats()["plan"]["fallback"]
+        feeds = classifier.feeds(np.random.default_rng(0))[0]
+        reference = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feeds)
+        _assert_close(lines.run(feeds), reference, "classifier sized at its lines")
+
+
+def test_a_line_shorter_than_the_last_pooling_window_runs_as_onnxruntime_runs_it(classifier):
+    """A 32-pixel line leaves the last pooling window overhanging its input by less than a stride:
+    onnxruntime truncates to one output row, and so does the planned engine."""
+    path = str(classifier.path())
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    with Engine(path) as engine:
+        assert engine.stats()["executor"] == "cpu-planned"
+        for shape in ((1, 3, 32, 192), (2, 3, 32, 100)):
+            feeds = {"x": np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)}
+            _assert_close(engine.run(feeds), session.run(None, feeds), f"classifier at {list(shape)}")

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from sensor_msgs.msg import Image, PointCloud2, PointField
 
+from dynnet_ros.geometry import extrinsic_matrix, matrix_to_rpy, rpy_to_matrix, transform_points
 from dynnet_ros.graph_config import default_config_path, load_graph
-from dynnet_ros.nodes import scene
 from dynnet_ros.nodes.convert import array_to_image, cloud_to_xyzi, image_to_array, image_to_rgb8, xyzi_to_cloud
-from dynnet_ros.nodes.geometry import extrinsic_matrix, matrix_to_rpy, rpy_to_matrix, transform_points
 from dynnet_ros.perception.letterbox import Letterbox, plan_letterbox, resize_bilinear
 from dynnet_ros.perception.projection import project_depth, validate_intrinsics
+from dynnet_ros.sim import scene
 
 RNG = np.random.default_rng(7)
 

@@ -28,11 +28,11 @@ from sensor_msgs.msg import Image, PointCloud2
 from visualization_msgs.msg import MarkerArray
 
 from dynnet_ros.graph_config import default_config_path
-from dynnet_ros.nodes import scene
 from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.nodes.convert import array_to_image, image_to_array, xyzi_to_cloud
 from dynnet_ros.nodes.diagnostics import status_values
 from dynnet_ros.nodes.pedestrian_node import BOX_NS
+from dynnet_ros.sim import scene
 from dynnet_ros.zoo import ensure_model
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -26,6 +26,8 @@ from catkin_pkg.package import parse_package
 ROOT = Path(__file__).resolve().parents[1]
 SNAPSHOT = ROOT.parent / "shared" / "bench-data" / "rosdistro"
 OUR_RULES = ROOT / "rosdep" / "dynnet_ros.yaml"
+#: rosdistro's keys named after a PyPI project (no python3- prefix, no -pip suffix) that package.xml uses
+PIP_PROJECT_KEYS = {"mcap-ros2-support"}
 # Each distribution's release_platforms (distribution.yaml) of the Debian family; the pip rules
 # this package needs exist for ubuntu and debian only, so RHEL is not a supported platform.
 PLATFORMS = {
@@ -95,9 +97,9 @@ def package_keys(path: Path) -> list[str]:
     return sorted({d.name for d in depends})
 
 
-def pinned_distributions() -> set[str]:
+def pinned_distributions(requirements: str = "requirements.txt") -> set[str]:
     names = set()
-    for line in (ROOT / "requirements.txt").read_text().splitlines():
+    for line in (ROOT / requirements).read_text().splitlines():
         line = line.split("#")[0].strip()
         if line:
             names.add(re.split(r"[=<>~!\[; ]", line)[0].lower().replace("_", "-"))
@@ -155,7 +157,10 @@ def test_every_package_xml_key_resolves(rosdep, distro, platform):
     pinned = pinned_distributions()
     for key, rule in resolved.items():
         assert rule.packages, f"{key} resolves to no package on {platform}"
-        if not key.startswith("python3-"):  # a ROS package: the distribution's binary
+        if key in PIP_PROJECT_KEYS:  # rosdistro's pip rule for a test tool, pinned with the test tools
+            assert rule == Resolution("pip", (key,)), (key, rule)
+            assert key in pinned_distributions("requirements-dev.txt"), key
+        elif not key.startswith("python3-"):  # a ROS package: the distribution's binary
             assert rule == Resolution("apt", (f"ros-{distro}-{key.replace('_', '-')}",)), (key, rule)
         elif key.endswith("-pip"):  # rosdistro's naming rule for keys that install from PyPI
             assert rule.installer == "pip", (key, rule)

@@ -148,7 +148,7 @@ def test_split_fully_connected_layers_compute_the_same(trans_b):
         "fc", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, k])],
         [helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [2, n])],
         [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     x = rng.standard_normal((2, k)).astype(np.float32)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     split = onnx.ModelProto()
@@ -181,7 +181,7 @@ def _mlp(path, rng) -> str:
     graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 1024])],
                               [helper.make_tensor_value_info(prev, onnx.TensorProto.FLOAT, ["N", 1024])],
                               [numpy_helper.from_array(w, f"w{k}") for k, w in enumerate(weights)])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
     return str(path)
 
 

@@ -22,7 +22,7 @@ def _branch_model() -> onnx.ModelProto:
     graph = h.make_graph([h.make_node("If", ["c"], ["y"], then_branch=branch("Add"), else_branch=branch("Mul"))], "g",
                          [h.make_tensor_value_info("c", T.BOOL, []), h.make_tensor_value_info("x", T.FLOAT, [4])],
                          [h.make_tensor_value_info("y", T.FLOAT, [4])], [weight])
-    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
 
 
 def test_weights_read_only_by_if_branches_are_kept():

@@ -94,8 +94,7 @@ def conv_model(*, dynamic: bool = True, extra: list[onnx.NodeProto] | None = Non
     graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("image", TensorProto.FLOAT, dims)],
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["o0", "o1", "o2", "o3"])],
                               inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.checker.check_model(model)
     return model
 

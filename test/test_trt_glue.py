@@ -55,7 +55,7 @@ def _conv_model(extra: list | None = None, domains: tuple[str, ...] = ()) -> onn
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "H", "W"])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, "H", "W"])], [weight])
     opsets = [helper.make_opsetid("", 17)] + [helper.make_opsetid(d, 1) for d in domains]
-    return helper.make_model(graph, opset_imports=opsets)
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
 
 
 def _image(h: int, w: int = 64) -> dict[str, np.ndarray]:

@@ -114,7 +114,7 @@ def _conv() -> onnx.ModelProto:
         [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])],
         "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "H", "W"])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, "H", "W"])], [weight])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def _x(h: int, w: int = 64) -> dict:
@@ -234,7 +234,7 @@ def test_9_one_logger_and_host_shape_inputs(tmp_path, capfd):
                           value=helper.make_tensor("v", TensorProto.FLOAT, [1], [2.0]))],
         "g", [helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b"])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     first = TensorRTExecutor(model, options=TrtOptions(cache_dir=tmp_path))
     second = TensorRTExecutor(_conv(), options=TrtOptions(shapes="H=32,W=64", cache_dir=tmp_path))
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Mapping
 
 from dynnet_ros.budget.oom import OomAction, OomPolicy, oom_action
 from dynnet_ros.budget.policy import (
@@ -59,8 +60,13 @@ class ManagerConfig:
     retry_factor: float = 1.25         # after a rejection, the next offer is at least this × larger
     default_priority: float = 1.0      # for model nodes that publish profiles but are not configured
     oom: OomPolicy = field(default_factory=OomPolicy)  # the answer to an OOM kill of a model node
+    #: memory of compute units (dla0, gpu, …) shared among the nodes whose mapped stages use them
+    unit_memory_mb: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for unit, mb in self.unit_memory_mb.items():
+            if not unit.strip() or not (math.isfinite(mb) and mb >= 0):
+                raise ValueError(f"unit memory {unit!r}={mb!r}: expected a unit name and a finite number of MB >= 0")
         if not (math.isfinite(self.rate_hz) and self.rate_hz > 0):
             raise ValueError(f"rate_hz must be > 0, got {self.rate_hz!r}")
         for name in ("pressure_drop_mb", "profile_timeout_s", "push_timeout_s"):
@@ -115,7 +121,8 @@ class BudgetPlanner:
         if state.profile is None:
             self._dirty = f"new model node {profile.node}"
         elif (_moved(state.profile.size_min_mb(), profile.size_min_mb())
-              or _moved(state.profile.full_mb, profile.full_mb) or state.profile.measured != profile.measured):
+              or _moved(state.profile.full_mb, profile.full_mb) or state.profile.measured != profile.measured
+              or state.profile.units != profile.units):
             self._dirty = f"{profile.node} profile changed"
         if state.floor_for_min is not None and state.floor_for_min != profile.min_mb:
             state.floor_mb, state.floor_for_min = 0.0, None  # the model changed: forget old rejections
@@ -225,6 +232,15 @@ class BudgetPlanner:
             specs.append(NodeSpec(name, cfg.priority, lo, max(lo, hi), profile.table))
         return specs
 
+    def unit_budgets(self, now_s: float) -> dict[str, dict[str, float]]:
+        """Each configured unit's memory split among the live nodes that ask for it
+        (``ModelProfile.units``), in proportion to their priorities."""
+        configured = {n.name: n for n in self.config.nodes}
+        claims = {name: ((configured.get(name) or NodeConfig(name, self.config.default_priority)).priority,
+                         profile.units)
+                  for name, profile in self._live_profiles(now_s) if profile.units}
+        return split_units(self.config.unit_memory_mb, claims)
+
     def held_mb(self, now_s: float, *, waiting_only: bool = False) -> float:
         """Memory the live model nodes hold that ``available`` lacks (their anonymous growth);
         ``waiting_only``: of the nodes not budgeted yet."""
@@ -273,8 +289,25 @@ class BudgetPlanner:
                               held_mb=held, reserve_mb=pool.reserve_mb, total_mb=alloc.total_mb,
                               pressure=alloc.pressure, infeasible=alloc.infeasible, reason=reason,
                               nodes=nodes, starved=list(alloc.starved), waiting=self.waiting(now_s),
-                              oom_kills=ooms)
+                              oom_kills=ooms, unit_memory_mb=dict(self.config.unit_memory_mb),
+                              unit_budgets=self.unit_budgets(now_s))
         return Evaluation(report, alloc, pushes)
+
+
+def split_units(unit_memory_mb: Mapping[str, float],
+                claims: Mapping[str, tuple[float, tuple[str, ...]]]) -> dict[str, dict[str, float]]:
+    """{node: {unit: MB}}: each unit of ``unit_memory_mb`` shared among the nodes that claim it
+    (``claims``: node -> (priority, units)) in proportion to their priorities. Why priorities: a
+    unit's memory decides which stages may run there, and the weight that buys a node latency in
+    the pool's split is the one that should buy it room on a fast unit. Units nobody configured
+    are left out (a node keeps the hardware file's limit there)."""
+    out: dict[str, dict[str, float]] = {node: {} for node, (_, units) in claims.items()}
+    for unit, mb in unit_memory_mb.items():
+        takers = {node: priority for node, (priority, units) in claims.items() if unit in units}
+        total = sum(takers.values())
+        for node, priority in takers.items():
+            out[node][unit] = mb * priority / total   # priorities are > 0 (NodeSpec)
+    return {node: units for node, units in out.items() if units}
 
 
 def _same(a: float | None, b: float | None, tol: float = 1e-6) -> bool:

@@ -33,6 +33,17 @@ def _is_size(value: object) -> bool:
     return bool(sep) and height.isdigit() and width.isdigit() and int(height) > 0 and int(width) > 0
 
 
+def _json_object(text: str, what: str) -> dict:
+    """A wire message's JSON object; ValueError saying ``what`` is malformed."""
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{what} is not JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ValueError(f"{what} must be a JSON object")
+    return raw
+
+
 def _opt_number(raw: dict, key: str, *, allow_none: bool = True) -> float | None:
     value = raw.get(key)
     if value is None:
@@ -66,11 +77,15 @@ class ModelProfile:
     min_by_size: dict[str, float] = field(default_factory=dict)
     #: False until the engine ran a frame: the bounds are estimates the manager does not budget against
     measured: bool = True
+    #: compute units the node's mapped stages may run on (``mapping: auto``): it asks for a share
+    #: of each such unit's memory the manager is configured with
+    units: tuple[str, ...] = ()
     version: int = PROTOCOL_VERSION
 
     def to_json(self) -> str:
         data = asdict(self)
         data["table"] = [list(p) for p in self.table]
+        data["units"] = list(self.units)
         return json.dumps(data, separators=(",", ":"))
 
     def size_min_mb(self) -> float | None:
@@ -81,12 +96,7 @@ class ModelProfile:
     @classmethod
     def from_json(cls, text: str) -> "ModelProfile":
         """Parse and validate; a malformed profile raises ValueError naming the field."""
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"profile is not JSON: {exc}") from exc
-        if not isinstance(raw, dict):
-            raise ValueError("profile must be a JSON object")
+        raw = _json_object(text, "profile")
         node = raw.get("node")
         if not isinstance(node, str) or not node.strip():
             raise ValueError("profile field 'node' must be a non-empty string")
@@ -113,13 +123,16 @@ class ModelProfile:
         version = raw.get("version", PROTOCOL_VERSION)
         if isinstance(version, bool) or not isinstance(version, int):
             raise ValueError(f"profile field 'version' must be an integer, got {version!r}")
+        units = raw.get("units") or []
+        if not isinstance(units, list) or not all(isinstance(u, str) and u.strip() for u in units):
+            raise ValueError(f"profile field 'units' must be a list of unit names, got {units!r}")
         return cls(node=node if node.startswith("/") else "/" + node,
                    min_mb=_opt_number(raw, "min_mb"), full_mb=_opt_number(raw, "full_mb"),
                    table=tuple(sorted(table)), rss_mb=_opt_number(raw, "rss_mb"),
                    held_mb=_opt_number(raw, "held_mb"), budget_mb=_opt_number(raw, "budget_mb"),
                    anon_held_mb=_opt_number(raw, "anon_held_mb"), size=size,
                    min_by_size={k: v for k, v in min_by_size.items() if v is not None}, measured=measured,
-                   version=version)
+                   units=tuple(u.strip() for u in units), version=version)
 
 
 @dataclass(frozen=True)
@@ -180,12 +193,7 @@ class NodeEvent:
     @classmethod
     def from_json(cls, text: str) -> "NodeEvent":
         """Parse and validate; ValueError naming the field at fault."""
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"node event is not JSON: {exc}") from exc
-        if not isinstance(raw, dict):
-            raise ValueError("node event must be a JSON object")
+        raw = _json_object(text, "node event")
         node, kind = raw.get("node"), raw.get("kind")
         if not isinstance(node, str) or not node.startswith("/"):
             raise ValueError(f"node event field 'node' must be a fully qualified node name, got {node!r}")
@@ -225,6 +233,10 @@ class BudgetReport:
     waiting: list[str] = field(default_factory=list)
     #: OOM caps in force: nodes killed for memory and what the manager took away (budget/oom.py)
     oom_kills: list[OomReport] = field(default_factory=list)
+    #: memory of each compute unit the manager is configured to share among mapped stages (MB)
+    unit_memory_mb: dict[str, float] = field(default_factory=dict)
+    #: per node that asked for units (ModelProfile.units): its share of each unit's memory (MB)
+    unit_budgets: dict[str, dict[str, float]] = field(default_factory=dict)
     version: int = PROTOCOL_VERSION
 
     def to_json(self) -> str:
@@ -237,3 +249,22 @@ class BudgetReport:
                 return [clean(v) for v in value]
             return value
         return json.dumps(clean(asdict(self)), separators=(",", ":"))
+
+
+def unit_budget(text: str, node: str) -> dict[str, float] | None:
+    """``node``'s per-unit memory limits in a budget report (JSON on BUDGETS_TOPIC): {unit: MB},
+    None when the report has no entry for the node; ValueError when the report is malformed."""
+    raw = _json_object(text, "budget report")
+    budgets = raw.get("unit_budgets", {})
+    if not isinstance(budgets, dict):
+        raise ValueError(f"budget report field 'unit_budgets' must map nodes to units, got {budgets!r}")
+    mine = budgets.get(node)
+    if mine is None:
+        return None
+    if not isinstance(mine, dict):
+        raise ValueError(f"budget report: unit_budgets[{node!r}] must map units to MB, got {mine!r}")
+    for unit, mb in mine.items():
+        if isinstance(mb, bool) or not isinstance(mb, (int, float)) or not math.isfinite(mb) or mb < 0:
+            raise ValueError(f"budget report: unit_budgets[{node!r}][{unit!r}] must be a finite number >= 0, "
+                             f"got {mb!r}")
+    return {str(unit): float(mb) for unit, mb in mine.items()}

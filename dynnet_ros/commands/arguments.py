@@ -12,8 +12,11 @@ import os
 import re
 from pathlib import Path
 
+from dynnet_ros.bags.writer import check_output
 from dynnet_ros.commands import CommandError
 from dynnet_ros.engine.model_io import input_specs, load_model
+from dynnet_ros.graph_config import validate_namespace
+from dynnet_ros.sim.frames import parse_resolution
 from dynnet_ros.zoo import MODEL_NAMES
 
 #: Model inputs the nodes feed are padded to multiples of this (``ModelNode.input_multiple``);
@@ -62,6 +65,14 @@ def positive_int(text: str) -> int:
 def nonnegative_int(text: str) -> int:
     """An integer >= 0."""
     return _integer(text, 0, ">= 0")
+
+
+def tcp_port(text: str) -> int:
+    """A TCP port, 0..65535 (0 = any free port)."""
+    port = _integer(text, 0, ">= 0")
+    if port > 65535:
+        raise _Error(f"{port} is not a TCP port (0..65535)")
+    return port
 
 
 def positive_float(text: str) -> float:
@@ -150,6 +161,27 @@ def output_file(text: str) -> Path:
     return path
 
 
+def bag_output(text: str) -> Path:
+    """A bag to create: a new ``.mcap`` file or rosbag2 directory in a writable directory."""
+    try:
+        return check_output(text)
+    except ValueError as exc:
+        raise _Error(str(exc)) from None
+
+
+def camera_resolutions(text: str) -> tuple[str, ...]:
+    """``WIDTHxHEIGHT[,WIDTHxHEIGHT...]`` (the simulator's resolution schedule), each 16..8192."""
+    items = tuple(item.strip() for item in text.split(",") if item.strip())
+    if not items:
+        raise _Error(f"{text!r}: expected WIDTHxHEIGHT[,WIDTHxHEIGHT...] (e.g. 320x240,640x480)")
+    for item in items:
+        try:
+            parse_resolution(item)
+        except ValueError as exc:
+            raise _Error(str(exc)) from None
+    return items
+
+
 def output_dir(text: str) -> Path:
     """A directory to write into (created if missing): must not be an existing file."""
     path = Path(text)
@@ -175,6 +207,14 @@ def fraction(text: str) -> float:
     if not 0.0 <= value <= 1.0:
         raise _Error(f"{text} must be between 0 and 1")
     return value
+
+
+def ros_namespace(text: str) -> str:
+    """A ROS namespace: '' (none) or /name[/name...]; a missing leading slash is added."""
+    try:
+        return validate_namespace(text)
+    except ValueError as exc:
+        raise _Error(str(exc)) from None
 
 
 def existing_file(text: str) -> Path:

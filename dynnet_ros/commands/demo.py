@@ -1,5 +1,8 @@
 """`dynnet demo`: run the vehicle graph with the simulator, show a live table, write a report.
 
+With ``--bag`` the simulator stays off and a recorded bag plays in a loop instead, the nodes on
+the bag's time (``replay.BackgroundReplay``, as `dynnet replay --loop`).
+
 The graph runs exactly as `dynnet up` starts it (node output goes to <report>/nodes.log); this
 process subscribes to /diagnostics with rclpy and turns the nodes' own statuses into the
 table and the time series of <report>/summary.json and <report>/demo.png; the camera frames,
@@ -26,14 +29,14 @@ from rich.table import Table
 
 from dynnet_ros.commands import arguments
 from dynnet_ros.commands.demo_frames import FrameRecorder, render_montage
+from dynnet_ros.commands.replay import BackgroundReplay
 from dynnet_ros.commands.up import GraphRunner, StopRequest, load_config
-from dynnet_ros.graph_config import validate_namespace
 from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.nodes.diagnostics import level_value, status_values
-from dynnet_ros.nodes.scene import lidar_to_camera_xyzrpy
+from dynnet_ros.sim.scene import lidar_to_camera_xyzrpy
 
 NAME = "demo"
-HELP = "run the vehicle graph with the simulator for a while; live table + demo-report/ (JSON, PNG)"
+HELP = "run the vehicle graph with the simulator (or on a bag) for a while; live table + demo-report/ (JSON, PNG)"
 
 MODEL_TASKS = ("lane", "pedestrian", "depth")
 #: the run's --duration counts from when every model node has processed a frame; a graph that
@@ -49,16 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=arguments.existing_file, default=None,
                         help="graph description (default: vehicle.yaml)")
     parser.add_argument("--no-live", action="store_true", help="no live table (plain progress lines instead)")
-    parser.add_argument("--namespace", type=namespace, default="", metavar="NS",
+    parser.add_argument("--bag", default=None, metavar="BAG",
+                        help="play this bag in a loop instead of running the simulator (as `dynnet replay --loop`)")
+    parser.add_argument("--namespace", type=arguments.ros_namespace, default="", metavar="NS",
                         help="run the graph under this ROS namespace (as `dynnet up --namespace`)")
-
-
-def namespace(text: str) -> str:
-    """A ROS namespace (argparse type): '' or /name[/name...]."""
-    try:
-        return validate_namespace(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 @dataclass
@@ -233,6 +230,7 @@ def _pixels(text: str) -> float:
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
     config = load_config(args.config)
+    bag_replay = None if args.bag is None else BackgroundReplay(args.bag, args.namespace)  # checked before any work
     report = Path(args.report)
     report.mkdir(parents=True, exist_ok=True)
     log = (report / "nodes.log").open("w")
@@ -244,7 +242,8 @@ def run(args: argparse.Namespace) -> int:
             log.flush()
 
     console = Console() if sys.stdout.isatty() else Console(width=120)  # logs: keep the table readable
-    runner = GraphRunner(config, use_sim=True, sink=sink, namespace=args.namespace)
+    runner = GraphRunner(config, use_sim=bag_replay is None, sink=sink, namespace=args.namespace,
+                         sim_time=bag_replay is not None)
     console.print(f"dynnet demo: building/loading the zoo models, then {len(runner.nodes)} nodes for "
                   f"{args.duration:.0f} s (ROS_DOMAIN_ID={os.environ.get('ROS_DOMAIN_ID', '0')})")
     status = 0
@@ -256,6 +255,8 @@ def run(args: argparse.Namespace) -> int:
     with StopRequest() as stop:
         try:
             runner.start()
+            if bag_replay is not None:
+                bag_replay.start(runner)
             started = time.monotonic()
             serving: float | None = None  # when every model node had processed a frame
             with Live(build_table(recorder, 0.0, args.duration), console=console, refresh_per_second=2,
@@ -280,11 +281,16 @@ def run(args: argparse.Namespace) -> int:
                     live.update(build_table(recorder, 0.0 if serving is None else time.monotonic() - serving,
                                             args.duration))
         finally:
+            if bag_replay is not None:
+                bag_replay.close()
             codes = runner.stop()
             elapsed = time.monotonic() - t0
             recorder.close()
             log.close()
     console.print()
+    if bag_replay is not None and bag_replay.error is not None:
+        console.print(f"[red]the bag stopped playing: {bag_replay.error}")
+        status = 1
     summary = summarize(recorder, elapsed, codes)
     summary["requested_duration_s"] = args.duration
     (report / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))

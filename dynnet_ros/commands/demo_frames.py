@@ -24,11 +24,13 @@ from matplotlib.patches import Rectangle
 from rclpy.node import Node
 from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import CameraInfo, Image, PointCloud2
-from visualization_msgs.msg import Marker, MarkerArray
+from visualization_msgs.msg import MarkerArray
 
+from dynnet_ros.geometry import extrinsic_matrix, transform_points
 from dynnet_ros.nodes.convert import cloud_to_xyzi, image_to_array, image_to_rgb8
-from dynnet_ros.nodes.geometry import extrinsic_matrix, transform_points
+from dynnet_ros.nodes.foxglove_view import marker_outlines
 from dynnet_ros.perception.projection import validate_intrinsics
+from dynnet_ros.view.convert import plane_boxes
 
 #: camera messages kept to pair with outputs (an output arrives one inference after its frame)
 CAMERA_RING = 24
@@ -140,17 +142,9 @@ def marker_boxes(markers: MarkerArray, k: np.ndarray) -> list[tuple[np.ndarray, 
     """Pixel boxes (x1, y1, x2, y2) and label text of a pedestrian MarkerArray.
 
     Box markers are LINE_STRIPs on the z = 1 m plane; labels are the TEXT_VIEW_FACING markers
-    with the same id."""
-    labels = {m.id: m.text for m in markers.markers if m.type == Marker.TEXT_VIEW_FACING}
-    out = []
-    for m in markers.markers:
-        if m.type != Marker.LINE_STRIP or not m.points:
-            continue
-        xy = np.array([[p.x / p.z, p.y / p.z] for p in m.points])
-        u = k[0, 0] * xy[:, 0] + k[0, 1] * xy[:, 1] + k[0, 2]
-        v = k[1, 1] * xy[:, 1] + k[1, 2]
-        out.append((np.array([u.min(), v.min(), u.max(), v.max()]), labels.get(m.id, "")))
-    return out
+    with the same id (the live view reads them the same way)."""
+    outlines, labels, _ = marker_outlines(markers)
+    return list(zip(plane_boxes(outlines, k), labels))
 
 
 def lidar_pixels(cloud: PointCloud2, transform: np.ndarray, k: np.ndarray, width: int,

@@ -1,7 +1,7 @@
 """Input frames for `dynnet map`: synthetic road scenes of mixed difficulty, or `.npz` files.
 
 Why here (commands layer): the scenes come from the sensor simulator's renderer
-(``nodes/scene.py``), which the mapper core may not import; the mapper takes plain feeds.
+(``sim/scene.py``) and the mapper takes plain feeds, so the two meet in the command.
 
 Difficulty varies frame to frame: 0-4 pedestrians, contrast from full down to 30 %, and sensor
 noise up to sigma 0.15, so early exits see easy and hard frames alike.
@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 
 from dynnet_ros.engine.model_io import input_specs
-from dynnet_ros.nodes.scene import make_scene, render_camera
+from dynnet_ros.sim.scene import make_scene, render_camera
 
 LIDAR_HIT_RATE = 0.02
 

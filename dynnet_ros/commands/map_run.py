@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from dynnet_ros.commands import CommandError, arguments
+from dynnet_ros.commands import CommandError, _map_arguments, arguments
 from dynnet_ros.commands.map_inputs import npz_feeds, scene_feeds
 from dynnet_ros.engine.model_io import load_model
 from dynnet_ros.mapper.build import build_stages
@@ -24,27 +24,21 @@ HELP = "run MODEL's stages mapped onto compute units (a mapping file); print the
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", type=arguments.model_spec, help="ONNX file or zoo:NAME")
-    # checked in run(), not by argparse, so an unknown flag is reported before a missing --mapping
+    _map_arguments.add_model(parser)
     parser.add_argument("--mapping", type=arguments.existing_file, default=None, metavar="FILE",
                         help="mapping file: hardware, partition, unit and threshold per stage (docs/mapper.md; "
                              "required)")
     parser.add_argument("--inputs", type=arguments.existing_file, nargs="+", default=None, metavar="FILE.npz",
                         help="frames to run, one .npz per frame with an array per model input "
                              "(default: --frames synthetic road scenes)")
-    parser.add_argument("--frames", type=arguments.positive_int, default=8, metavar="N",
-                        help="synthetic scenes of mixed difficulty to run without --inputs (default 8)")
-    parser.add_argument("--size", type=arguments.image_size, default=(224, 320), metavar="HxW",
-                        help="synthetic scene size (default 224x320)")
+    _map_arguments.add_scenes(parser, "--frames", 8, (224, 320), "to run without --inputs")
     parser.add_argument("--deadline-ms", type=arguments.positive_float, default=None,
                         help="anytime mode: answer with the deepest exit done by then (overrides the file)")
-    parser.add_argument("--json", type=arguments.output_file, default=None, metavar="FILE",
-                        help="also write per-frame results and the summary as JSON")
+    _map_arguments.add_json(parser, "per-frame results and the summary")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.mapping is None:
-        raise CommandError("argument --mapping: give the mapping file to run (--mapping FILE)")
+    _map_arguments.required(args.mapping, "--mapping", "FILE", "give the mapping file to run")
     model_path = resolve_model_spec(args.model)
     mapping = load_mapping(args.mapping)
     console = Console()

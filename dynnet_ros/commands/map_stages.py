@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from dynnet_ros.commands import CommandError, arguments
+from dynnet_ros.commands import _map_arguments, arguments
 from dynnet_ros.commands.map_inputs import scene_feeds
 from dynnet_ros.engine.model_io import load_model
 from dynnet_ros.mapper.build import build_stages
@@ -21,24 +21,18 @@ HELP = "cut MODEL into stages (depth-wise at its exits, or width-wise by P and I
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", type=arguments.model_spec, help="ONNX file or zoo:NAME")
+    _map_arguments.add_model(parser)
     parser.add_argument("--partition", type=arguments.existing_file, default=None, metavar="P.yaml",
                         help="partition file (docs/mapper.md); default: depth-wise at the model's own exits")
-    # checked in run(), not by argparse, so an unknown flag is reported before a missing --out
     parser.add_argument("--out", type=arguments.output_dir, default=None, metavar="DIR",
                         help="directory for stage_<k>.onnx and stages.json (created; required)")
-    parser.add_argument("--calibration", type=arguments.positive_int, default=32, metavar="N",
-                        help="synthetic scenes that fit a width split's probe exits and measure its agreement "
-                             "(default 32)")
-    parser.add_argument("--size", type=arguments.image_size, default=(96, 128), metavar="HxW",
-                        help="calibration frame size (default 96x128)")
-    parser.add_argument("--json", type=arguments.output_file, default=None, metavar="FILE",
-                        help="also write the summary as JSON")
+    _map_arguments.add_scenes(parser, "--calibration", 32, (96, 128),
+                              "that fit a width split's probe exits and measure its agreement")
+    _map_arguments.add_json(parser, "the summary")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.out is None:
-        raise CommandError("argument --out: give the directory to write the stages to (--out DIR)")
+    _map_arguments.required(args.out, "--out", "DIR", "give the directory to write the stages to")
     model_path = resolve_model_spec(args.model)
     partition = load_partition(args.partition) if args.partition else Partition()
     console = Console()

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,7 +38,7 @@ import yaml
 from dynnet_ros.budget.oom import MemorySignals, oom_evidence, process_cgroup, read_signals
 from dynnet_ros.budget.protocol import BUDGET_PARAM, NodeEvent
 from dynnet_ros.commands import CommandError
-from dynnet_ros.commands.arguments import existing_dir
+from dynnet_ros.commands.arguments import bag_output, existing_dir, ros_namespace, tcp_port
 from dynnet_ros.commands.size_classes import prepare_graph_models
 from dynnet_ros.graph_config import (
     GraphConfig,
@@ -49,11 +49,14 @@ from dynnet_ros.graph_config import (
     graph_processes,
     load_graph,
     node_command,
+    recorder_process,
     restart_spec,
     validate_namespace,
+    view_process,
 )
 from dynnet_ros.nodes.parameter_check import check_graph_parameters
 from dynnet_ros.nodes.supervisor_link import SupervisorLink
+from dynnet_ros.view.server import DEFAULT_PORT
 
 NAME = "up"
 HELP = "start the vehicle graph (config/vehicle.yaml) as separate processes; Ctrl-C stops it"
@@ -71,8 +74,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=float, default=None, metavar="S",
                         help="stop the graph after S seconds (default: run until Ctrl-C)")
     parser.add_argument("--no-sim", action="store_true", help="do not start the simulator nodes (sim: true)")
-    parser.add_argument("--namespace", default="", metavar="NS",
+    parser.add_argument("--namespace", type=ros_namespace, default="", metavar="NS",
                         help="run every node (and its topics, except /diagnostics) under this ROS namespace")
+    parser.add_argument("--foxglove", action="store_true",
+                        help=f"also serve the camera, lane mask, depth image and pedestrian boxes to Foxglove Studio "
+                             f"on ws://127.0.0.1:{DEFAULT_PORT} (docs/ros.md, 'Live view in Foxglove')")
+    parser.add_argument("--foxglove-port", type=tcp_port, default=None, metavar="P",
+                        help=f"port of the --foxglove WebSocket, bound to 127.0.0.1 only (default {DEFAULT_PORT}; "
+                             "0 = any free port, logged)")
+    parser.add_argument("--record", type=bag_output, default=None, metavar="OUT",
+                        help="record the graph's inputs and every output topic: OUT.mcap = one MCAP file, any other "
+                             "name = a rosbag2 directory; finalised when the graph stops (docs/bags.md)")
     parser.add_argument("--memory-root", type=existing_dir, default=Path("/"), metavar="DIR",
                         help="directory whose proc/vmstat, proc/pressure/memory and proc/meminfo tell an OOM kill "
                              "from another SIGKILL (default /; a host's /proc mounted elsewhere, or a prepared tree)")
@@ -140,12 +152,16 @@ class GraphRunner:
 
     def __init__(self, config: GraphConfig, *, use_sim: bool = True,
                  sink: Callable[[str, str], None] | None = None, env: dict[str, str] | None = None,
-                 namespace: str = "", ros_link: bool = False, memory_root: Path = Path("/")) -> None:
+                 namespace: str = "", ros_link: bool = False, memory_root: Path = Path("/"),
+                 sim_time: bool = False, extra: tuple[ProcessSpec, ...] = ()) -> None:
         self.config = config
         self.namespace = validate_namespace(namespace)
         self.nodes = graph_processes(config, use_sim, self.namespace)
+        if sim_time:  # every node's ROS time follows /clock (`dynnet replay` publishes a bag's time there)
+            self.nodes = [replace(n, parameters={**n.parameters, "use_sim_time": True}) for n in self.nodes]
         if not self.nodes:
             raise CommandError(f"{config.source}: no nodes to start (all are sim nodes and --no-sim was given)")
+        self.nodes += extra  # processes the command line adds (`--foxglove`), supervised like the rest
         self.env = graph_env(env)
         self.children: list[Child] = []
         self.stopping = False
@@ -320,6 +336,20 @@ class GraphRunner:
         """Every node is left down: nothing is serving and nothing will be restarted."""
         return len(self.left_down) == len(self.children)
 
+    def report_failures(self, command: str) -> bool:
+        """Print on stderr, as ``command``, why the run failed although it stopped: nodes left
+        down, nodes that ignored SIGINT. True when there was such a failure."""
+        failures = []
+        if self.left_down:
+            listing = "; ".join(f"{name} {why}" for name, why in sorted(self.left_down.items()))
+            failures.append(f"node(s) left down: {listing}")
+        if self.escalated:
+            listing = ", ".join(f"{name} ({sig})" for name, sig in sorted(self.escalated.items()))
+            failures.append(f"node(s) ignored SIGINT and had to be stopped with: {listing}")
+        for failure in failures:
+            print(f"{command}: failure: {failure}", file=sys.stderr, flush=True)
+        return bool(failures)
+
     def _forward(self, name: str, proc: subprocess.Popen) -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -411,9 +441,17 @@ def load_config(path: Path | None) -> GraphConfig:
 def run(args: argparse.Namespace) -> int:
     if args.duration is not None and args.duration <= 0:
         raise CommandError(f"--duration must be positive, got {args.duration}")
+    if args.foxglove_port is not None and not args.foxglove:
+        raise CommandError("--foxglove-port needs --foxglove")
+    os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")  # the supervisor's own ROS link too
     config = load_config(args.config)
+    extra = (view_process(args.namespace, DEFAULT_PORT if args.foxglove_port is None else args.foxglove_port),) \
+        if args.foxglove else ()
     runner = GraphRunner(config, use_sim=not args.no_sim, namespace=args.namespace, ros_link=True,
-                         memory_root=args.memory_root)
+                         memory_root=args.memory_root, extra=extra)
+    if args.record is not None:  # follows every node started so far: the inputs and every output
+        runner.nodes.append(recorder_process(runner.namespace, args.record, "mcap",
+                                             [fq_node_name(n) for n in runner.nodes]))
     env = runner.env
     print(f"dynnet up: {len(runner.nodes)} nodes from {config.source} "
           f"(ROS_DOMAIN_ID={env.get('ROS_DOMAIN_ID', '0')}, "
@@ -438,13 +476,6 @@ def run(args: argparse.Namespace) -> int:
             codes = runner.stop()
     reason = "signal" if stop.signal is not None else "duration" if status == 0 else "failure"
     print(f"dynnet up: stopped ({reason}); exit codes {codes}", flush=True)
-    if runner.left_down:
-        listing = "; ".join(f"{name} {why}" for name, why in sorted(runner.left_down.items()))
-        print(f"dynnet up: failure: node(s) left down: {listing}", file=sys.stderr, flush=True)
-        status = 1
-    if runner.escalated:
-        listing = ", ".join(f"{name} ({sig})" for name, sig in sorted(runner.escalated.items()))
-        print(f"dynnet up: failure: node(s) ignored SIGINT and had to be stopped with: {listing}",
-              file=sys.stderr, flush=True)
+    if runner.report_failures("dynnet up"):
         status = 1
     return status

@@ -16,6 +16,7 @@ import onnxruntime as ort
 
 from dynnet_ros.engine.backends import create_executor, load_for_backend
 from dynnet_ros.engine.backends.base import Executor, ExecutorStats, WindowStats
+from dynnet_ros.engine.backends.cpu import OrtExecutor
 from dynnet_ros.engine.feeds import plan_breach, shape_signature, validate_feeds
 from dynnet_ros.engine.model_io import InputSpec, ModelLike, default_specs, input_specs, output_names, weight_bytes
 from dynnet_ros.engine.plan.loader import source_path
@@ -101,7 +102,8 @@ class Engine:
         as given. Budgets stream the weights of the same graph either way.
 
         ``input_shapes``: the input shapes budgets refer to until the first frame (default: the
-        reference size, 480x640 for image inputs), e.g. the size a node will feed.
+        reference size, 480x640 for image inputs), e.g. the size a node will feed; the planned
+        engine also weighs its cuts at this size (default: dynamic dims at 640).
 
         A budget bounds what this engine holds — its resident weights plus its footprint besides
         them at the input size (swap/calibration.py) — not the process's RSS, which other engines
@@ -147,7 +149,8 @@ class Engine:
             raise
 
     def _create_inmemory(self) -> Executor:
-        return create_executor(self.backend, self.proto, threads=self.threads, layout=self.layout)
+        return create_executor(self.backend, self.proto, threads=self.threads, layout=self.layout,
+                               input_shapes=self._expected_shapes)
 
     def _checked_shapes(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
         """``shapes`` as feeds of zeros would pass ``validate_feeds`` (ValueError otherwise)."""
@@ -173,12 +176,15 @@ class Engine:
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Same semantics as ``InferenceSession.run(None, feeds)`` but keyed by output name."""
         checked = validate_feeds(self.inputs, feeds, self.defaults)
-        breach = None if self.backend == "ort" else plan_breach(self.inputs, checked)
         signature = shape_signature(checked)
         with self._lock:
             executor = self._executor
             if executor is None:  # the constructor sets one or raises
                 raise RuntimeError("the engine has no executor")
+            # a plain session (backend "ort", or the planner's single-session verdict) holds no
+            # plan that feeds outside the declaration could break
+            plain = self.backend == "ort" or executor.name == OrtExecutor.name
+            breach = None if plain else plan_breach(self.inputs, checked)
             start = time.perf_counter()
             try:
                 outputs = executor.run(checked) if breach is None else self._reference.run(checked, breach)

@@ -36,6 +36,8 @@ _UNCHECKED_KINDS = ("sequence", "map", "sparse")
 
 def _as_array(spec: InputSpec, value: Any) -> np.ndarray:
     """The fed value as an array of the input's element type, or ValueError (onnxruntime's rules)."""
+    if isinstance(value, np.ndarray) and value.dtype == spec.dtype:  # the usual feed: nothing to convert
+        return value
     if isinstance(value, list):  # onnxruntime converts lists to the expected element type
         try:
             return np.array(value, dtype=spec.dtype)
@@ -91,7 +93,7 @@ def validate_feeds(specs: Sequence[InputSpec], feeds: Mapping[str, Any],
         array = _as_array(spec, value)
         _check_shape(spec, array)
         # raw pointers are bound downstream; np.require keeps a 0-d feed 0-d (ascontiguousarray would not)
-        checked[name] = np.require(array, requirements="C")
+        checked[name] = array if array.flags.c_contiguous else np.require(array, requirements="C")
     return checked
 
 

@@ -23,7 +23,8 @@ The YAML schema::
         idle_power_w: 1.0
         default_dvfs: MAXN         # names one of dvfs (default: the first)
         dvfs:
-          - {name: MAXN, frequency_mhz: 1300.5, power_w: 20.0}   # frequency null: the unit's default
+          - {name: MAXN, frequency_mhz: 1300.5, power_w: 20.0, tops: 85.5}   # frequency null: the unit's default;
+                                   # tops (optional): peak tera-ops/s, for simulated costs (mapper/simulate.py)
     exchange:
       default: {latency_ms: 0.1, ms_per_mb: 0.01}               # every pair of distinct units
       pairs:                                                     # overrides, both directions
@@ -66,6 +67,7 @@ class DvfsLevel:
     name: str
     frequency_mhz: float | None   # None: the unit's default clock (not settable or not known)
     power_w: float                # active power at this level
+    tops: float | None = None     # peak throughput at this level, tera-ops/s (simulated costs only)
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,8 @@ class Hardware:
             "name": self.name, "source": self.source,
             "units": [{"name": u.name, "kind": u.kind, "cores": list(u.cores), "memory_mb": u.memory_mb,
                        "idle_power_w": u.idle_power_w, "default_dvfs": u.default_dvfs,
-                       "dvfs": [{"name": lv.name, "frequency_mhz": lv.frequency_mhz, "power_w": lv.power_w}
+                       "dvfs": [{"name": lv.name, "frequency_mhz": lv.frequency_mhz, "power_w": lv.power_w,
+                                 **({"tops": lv.tops} if lv.tops is not None else {})}
                                 for lv in u.dvfs]} for u in self.units],
             "exchange": [{"src": s, "dst": d, "latency_ms": e.latency_ms, "ms_per_mb": e.ms_per_mb}
                          for (s, d), e in sorted(self.exchange.items())],
@@ -263,14 +266,15 @@ def _parse_unit(item: Any, where: str) -> ComputeUnit:
 
 
 def _parse_level(item: Any, where: str) -> DvfsLevel:
-    if not isinstance(item, Mapping) or set(item) - {"name", "frequency_mhz", "power_w"}:
-        raise ValueError(f"{where}: expected a mapping with name, frequency_mhz, power_w")
+    if not isinstance(item, Mapping) or set(item) - {"name", "frequency_mhz", "power_w", "tops"}:
+        raise ValueError(f"{where}: expected a mapping with name, frequency_mhz, power_w (and optional tops)")
     name = item.get("name")
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"{where}: 'name' must be a non-empty string")
     frequency = _number(item.get("frequency_mhz"), f"{where}: frequency_mhz", low=1e-9, allow_none=True)
     power = _number(item.get("power_w"), f"{where}: power_w")
-    return DvfsLevel(name=name.strip(), frequency_mhz=frequency, power_w=float(power or 0.0))
+    tops = _number(item.get("tops"), f"{where}: tops", low=1e-9, allow_none=True)
+    return DvfsLevel(name=name.strip(), frequency_mhz=frequency, power_w=float(power or 0.0), tops=tops)
 
 
 def _parse_exchange(raw: Any, names: list[str], where: str) -> dict[tuple[str, str], Exchange]:

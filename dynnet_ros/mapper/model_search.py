@@ -89,6 +89,36 @@ def dla_screen(stage_set: StageSet, feeds: Sequence[Mapping[str, np.ndarray]]) -
     return out
 
 
+def screened_units(stage_set: StageSet, stage_inputs: Sequence[Mapping[str, np.ndarray]], units: Sequence[str],
+                   hardware: Hardware) -> tuple[tuple[tuple[str, ...], ...], dict[tuple[int, str], str]]:
+    """Per stage, the ``units`` it may run on: each of them but a DLA that ``dla_screen`` rules out
+    for the stage; and (stage, DLA) -> why not, for those."""
+    screen = dla_screen(stage_set, stage_inputs)
+    allowed: list[tuple[str, ...]] = []
+    why_not: dict[tuple[int, str], str] = {}
+    for k in range(len(stage_set.stages)):
+        ok = []
+        for name in units:
+            if hardware.unit(name).kind == "dla" and screen[k] is not None:
+                why_not[(k, name)] = str(screen[k])
+            else:
+                ok.append(name)
+        allowed.append(tuple(ok))
+    return tuple(allowed), why_not
+
+
+def costs_of(stage_set: StageSet, calibration: Calibration, allowed: Sequence[tuple[str, ...]],
+             why_not: Mapping[tuple[int, str], str], cost: Callable[[int, str, str], tuple[float, float]]
+             ) -> StageCosts:
+    """The search's StageCosts: the stage set's structure (names, earlier stages each reads,
+    weights) and the calibration's output sizes, with where each stage may run and what it costs
+    there, which the estimators (profile, measurement, simulation) differ in."""
+    stages = stage_set.stages
+    sources = tuple(tuple(sorted({src for src in s.sources.values() if src >= 0})) for s in stages)
+    return StageCosts(tuple(f"stage{k}" for k in range(len(stages))), sources, calibration.out_bytes,
+                      tuple(s.weight_bytes / 2**20 for s in stages), tuple(allowed), why_not, cost)
+
+
 def fit_surrogate(profile: Profile, hardware: Hardware, seed: int = 0) -> Surrogate | None:
     """The cost model over every profile row that carries layer features (None: fewer than 5)."""
     rows = [m for m in profile.measurements if "flops" in m.features]
@@ -132,9 +162,7 @@ def stage_costs(stage_set: StageSet, profile: Profile, hardware: Hardware, size:
         m = table[(stage_row_name(stage, size), unit, level)]
         return m.latency_ms, m.energy_mj(hardware)[0]
 
-    sources = tuple(tuple(sorted({src for src in s.sources.values() if src >= 0})) for s in stage_set.stages)
-    return StageCosts(tuple(f"stage{k}" for k in range(len(stage_set.stages))), sources, calibration.out_bytes,
-                      tuple(s.weight_bytes / 2**20 for s in stage_set.stages), tuple(allowed), why_not, cost)
+    return costs_of(stage_set, calibration, allowed, why_not, cost)
 
 
 def to_mapping(candidate: Candidate, stage_set: StageSet, hardware: Hardware) -> StageMapping:
@@ -154,35 +182,42 @@ def to_mapping(candidate: Candidate, stage_set: StageSet, hardware: Hardware) ->
 
 
 def measure_mappings(runs: Sequence[tuple[StageSet, StageMapping]], frames: Sequence[Mapping[str, np.ndarray]],
-                     rounds: int = 3) -> list[dict[str, Any]]:
-    """Mean latency and exit histogram of each (stages, mapping) in the stage runtime over
-    ``frames``. The mappings take turns frame by frame, so a change in the machine's load falls
-    on all of them alike and their ratios stay comparable."""
+                     rounds: int = 5) -> list[dict[str, Any]]:
+    """Latency and exit histogram of each (stages, mapping) in the stage runtime over ``frames``.
+
+    Each round runs every mapping over all frames in turn (after one warm-up frame, so its
+    weights are in the caches as in a node that runs one mapping), the order rotating between
+    rounds, so a change in the machine's load falls on all of them alike. ``mean_ms``: over every
+    run; ``min_ms``: the mean over frames of each frame's fastest round — what the machine's load
+    added least to, the figure to compare a prediction with."""
     executors = []
     try:
         for stage_set, mapping in runs:
             executors.append(StageExecutor(stage_set, mapping))
-        for executor in executors:
-            for feeds in frames[:2]:
-                executor.run(feeds)
         latencies: list[list[float]] = [[] for _ in runs]
+        best = np.full((len(runs), len(frames)), np.inf)
         exits: list[list[int]] = [[] for _ in runs]
-        for _ in range(rounds):
-            for feeds in frames:
-                for i, executor in enumerate(executors):
+        for round_ in range(rounds):
+            for i in [(round_ + k) % len(runs) for k in range(len(runs))]:
+                executor = executors[i]
+                executor.run(frames[-1])
+                for f, feeds in enumerate(frames):
                     began = time.perf_counter()
                     executor.run(feeds)
-                    latencies[i].append((time.perf_counter() - began) * 1000.0)
+                    ms = (time.perf_counter() - began) * 1000.0
+                    latencies[i].append(ms)
+                    best[i, f] = min(best[i, f], ms)
                     assert executor.last_result is not None
                     exits[i].append(executor.last_result.exit_index)
     finally:
         for executor in executors:
             executor.close()
     out = []
-    for (stage_set, _), times, taken in zip(runs, latencies, exits):
+    for (stage_set, _), times, taken, fastest in zip(runs, latencies, exits, best):
         counts = np.bincount(taken, minlength=len(stage_set.stages))
-        out.append({"mean_ms": float(np.mean(times)), "p95_ms": float(np.percentile(times, 95)),
-                    "exit_rates": (counts / counts.sum()).tolist(), "frames": len(times)})
+        out.append({"mean_ms": float(np.mean(times)), "min_ms": float(np.mean(fastest)),
+                    "p95_ms": float(np.percentile(times, 95)), "exit_rates": (counts / counts.sum()).tolist(),
+                    "frames": len(times)})
     return out
 
 
@@ -214,23 +249,13 @@ def measured_costs(stage_set: StageSet, calibration: Calibration, stage_inputs: 
     (stage, unit) -> ms, e.g. ``profiler.measure_stages``); energy is the level's power × time. At
     another DVFS level the measurement is scaled by the surrogate's ratio for the stage's layers
     between that level and the default (the only part the model predicts)."""
-    screen = dla_screen(stage_set, stage_inputs)
     units = sorted({u for _, u in measured}, key=hardware.unit_names.index)
     per_stage: list[list[LayerFeatures]] = []
     for stage, inputs in zip(stage_set.stages, stage_inputs):
         shapes = shapes_at(stage.model, inputs)
         features = [node_features(n, shapes) for n in stage.model.graph.node if n.op_type in MEASURED_OPS]
         per_stage.append([f for f in features if f is not None])
-    allowed: list[tuple[str, ...]] = []
-    why_not: dict[tuple[int, str], str] = {}
-    for k in range(len(stage_set.stages)):
-        ok = []
-        for name in units:
-            if hardware.unit(name).kind == "dla" and screen[k] is not None:
-                why_not[(k, name)] = str(screen[k])
-            else:
-                ok.append(name)
-        allowed.append(tuple(ok))
+    allowed, why_not = screened_units(stage_set, stage_inputs, units, hardware)
 
     def cost(stage: int, unit: str, dvfs: str) -> tuple[float, float]:
         default = hardware.unit(unit).default_dvfs
@@ -242,9 +267,7 @@ def measured_costs(stage_set: StageSet, calibration: Calibration, stage_inputs: 
             latency *= float(at_level / at_default)
         return latency, latency * hardware.unit(unit).level(level).power_w
 
-    sources = tuple(tuple(sorted({src for src in s.sources.values() if src >= 0})) for s in stage_set.stages)
-    return StageCosts(tuple(f"stage{k}" for k in range(len(stage_set.stages))), sources, calibration.out_bytes,
-                      tuple(s.weight_bytes / 2**20 for s in stage_set.stages), tuple(allowed), why_not, cost)
+    return costs_of(stage_set, calibration, allowed, why_not, cost)
 
 
 @dataclass

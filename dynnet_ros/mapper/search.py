@@ -43,7 +43,7 @@ from pymoo.util.nds.non_dominated_sorting import NonDominatedSorting
 
 from dynnet_ros.mapper.hardware import Hardware
 from dynnet_ros.mapper.profile_io import Profile
-from dynnet_ros.mapper.system_model import Task, TaskGraph, chain_graph, evaluate
+from dynnet_ros.mapper.system_model import RuntimeCosts, Task, TaskGraph, chain_graph, evaluate
 
 PREFER: tuple[str, ...] = ("latency", "energy", "balanced")
 #: Threshold choices per early exit: this many quantiles of its calibration confidences, plus "never".
@@ -82,6 +82,26 @@ class Candidate:
                 **({"label": self.label} if self.label else {}),
                 **({"partition": {"width": json.loads(self.partition)}, "reuse": round(self.reuse or 0.0, 4)}
                    if self.partition is not None else {})}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Candidate":
+        """The candidate ``to_json`` wrote (a cached search result); ValueError naming a bad field."""
+        try:
+            thresholds = tuple(NEVER if t is None else float(t) for t in data["thresholds"])
+            width = data.get("partition", {}).get("width") if isinstance(data.get("partition"), Mapping) else None
+            return cls(tuple((str(k), str(v)) for k, v in data["assignment"].items()),
+                       tuple((str(k), str(v)) for k, v in data["dvfs"].items()), thresholds,
+                       float(data["latency_ms"]), float(data["energy_mj"]), float(data["accuracy"]),
+                       float(data["worst_latency_ms"]), tuple(float(r) for r in data["exit_rates"]),
+                       tuple((str(u), float(m)) for u, m in data["memory_mb"].items()), str(data.get("label", "")),
+                       None if width is None else json.dumps(width, sort_keys=True),
+                       None if data.get("reuse") is None else float(data["reuse"]))
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise ValueError(f"not a search candidate ({type(exc).__name__}: {exc})") from None
+
+    def memory_need(self, unit: str) -> float:
+        """MB of stage weights this candidate puts on ``unit`` (0 for a unit it does not use)."""
+        return dict(self.memory_mb).get(unit, 0.0)
 
 
 class Space(Protocol):
@@ -186,6 +206,7 @@ class StageSpace:
     memory_mb: Mapping[str, float] = field(default_factory=dict)   # per-unit limits (else the unit's own)
     accounting: str = "speculative"
     distinct_units: bool = False    # the paper's rule for width stages: no two stages on one unit
+    runtime: RuntimeCosts | None = None   # the stage runtime's fitted costs (None: the paper's model)
 
     def __post_init__(self) -> None:
         count = len(self.stages.names)
@@ -242,17 +263,21 @@ class StageSpace:
                            for s in range(count - 1))
         return self.score(units, levels, thresholds)
 
-    def score(self, units: Sequence[str], levels: Mapping[str, str], thresholds: Sequence[float],
-              label: str = "") -> Candidate:
-        """The system model's prediction for one mapping."""
+    def graph(self, units: Sequence[str], levels: Mapping[str, str]) -> TaskGraph:
+        """The task graph of one mapping: a task per stage on its unit, at its unit's level."""
         tasks = []
         for s, unit in enumerate(units):
             latency, energy = self.stages.cost(s, unit, levels.get(unit, ""))
             tasks.append(Task(s, self.stages.names[s], unit, latency, energy, self.stages.out_bytes[s],
                               self.stages.sources[s]))
-        graph = TaskGraph(tuple(tasks), tuple(range(len(tasks))))
+        return TaskGraph(tuple(tasks), tuple(range(len(tasks))))
+
+    def score(self, units: Sequence[str], levels: Mapping[str, str], thresholds: Sequence[float],
+              label: str = "") -> Candidate:
+        """The system model's prediction for one mapping."""
+        graph = self.graph(units, levels)
         rates, accuracy = self.exits.outcome(thresholds)
-        outcome = evaluate(graph, self.hardware, rates.tolist(), self.accounting)
+        outcome = evaluate(graph, self.hardware, rates.tolist(), self.accounting, self.runtime)
         used = tuple(dict.fromkeys(units))
         memory: dict[str, float] = {}
         for s, unit in enumerate(units):
@@ -471,14 +496,20 @@ def run_search(space: Space, *, generations: int = 40, population: int = 40, see
 def pick(result: SearchResult, prefer: str = "balanced", max_accuracy_drop: float = 0.01,
          base_accuracy: float = 1.0) -> Candidate:
     """The Pareto candidate the rule chooses (module docstring); ValueError when none qualifies."""
-    if prefer not in PREFER:
-        raise ValueError(f"--prefer must be one of {', '.join(PREFER)}, got {prefer!r}")
     if not result.pareto:
         raise ValueError(f"no candidate meets every constraint ({result.evaluated} evaluated); relax the "
                          "deadline or the memory limits")
-    allowed = [c for c in result.pareto if base_accuracy - c.accuracy <= max_accuracy_drop + 1e-12]
+    return choose(result.pareto, prefer, max_accuracy_drop, base_accuracy)
+
+
+def choose(pareto: Sequence[Candidate], prefer: str = "balanced", max_accuracy_drop: float = 0.01,
+           base_accuracy: float = 1.0) -> Candidate:
+    """The candidate of a non-empty Pareto set the rule chooses; ValueError when none qualifies."""
+    if prefer not in PREFER:
+        raise ValueError(f"--prefer must be one of {', '.join(PREFER)}, got {prefer!r}")
+    allowed = [c for c in pareto if base_accuracy - c.accuracy <= max_accuracy_drop + 1e-12]
     if not allowed:
-        best = max(c.accuracy for c in result.pareto)
+        best = max(c.accuracy for c in pareto)
         raise ValueError(f"no Pareto candidate within {max_accuracy_drop:.1%} of the final exit's accuracy "
                          f"({base_accuracy:.1%}); the best reaches {best:.1%}")
     if prefer == "latency":

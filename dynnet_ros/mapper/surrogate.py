@@ -95,6 +95,10 @@ def mape(truth: np.ndarray, predicted: np.ndarray) -> float:
     return float(np.mean(np.abs(predicted - truth) / truth))
 
 
+#: Least rows a fit spreads over several threads.
+PARALLEL_ROWS = 2000
+
+
 class Surrogate:
     """XGBoost regressors for log-latency and log-energy, with the measured table in front."""
 
@@ -102,6 +106,7 @@ class Surrogate:
                  threads: int = 2) -> None:
         self.hardware = hardware
         self.seed = seed
+        self._threads = threads
         self._rounds = trees
         self._params = {"max_depth": depth, "eta": 0.08, "subsample": 0.9, "colsample_bytree": 0.9,
                         "seed": seed, "nthread": threads, "tree_method": "hist", "objective": "reg:squarederror"}
@@ -124,7 +129,10 @@ class Surrogate:
         return np.array([self._row(s.features, s.unit, s.dvfs) for s in samples], dtype=float)
 
     def _train(self, x: np.ndarray, y: np.ndarray) -> xgb.Booster:
-        return xgb.train(self._params, xgb.DMatrix(x, label=y), num_boost_round=self._rounds)
+        # a small table trains on one thread: splitting a few rows across threads costs a
+        # synchronisation per tree, which on a busy machine waits for a core
+        threads = self._threads if len(x) >= PARALLEL_ROWS else 1
+        return xgb.train(dict(self._params, nthread=threads), xgb.DMatrix(x, label=y), num_boost_round=self._rounds)
 
     def fit(self, samples: Sequence[Sample], holdout: float = 0.2) -> tuple[Accuracy, ...]:
         """Fit on ``samples``; held-out R² and MAPE of latency per unit (a random ``holdout``

@@ -19,6 +19,12 @@ after the exit: ``oracle`` (the paper: the number of stages a frame needs is kno
 never run) and ``speculative`` (the stage runtime: every stage starts at once, a later stage's
 work done before the exit is spent, the rest is dropped). Expected latency and energy weight the
 exits by their rates on a calibration set.
+
+What a real runtime adds to tasks timed alone (``RuntimeCosts``): a dispatch cost per task, a
+contention factor while two units that share memory bandwidth run at once, a slowdown of the
+tasks' own times and a handoff cost when a task reads another unit's output; with them the
+schedule becomes an event simulation (``_shared_schedule``) that equals the list schedule when
+they are (0, 1, 1, 0). Energies stay the tasks' own.
 """
 from __future__ import annotations
 
@@ -87,9 +93,49 @@ def transfer_ms(hardware: Hardware, src: Task, dst_unit: str) -> float:
     return hardware.exchange_cost(src.unit, dst_unit).cost_ms(src.out_bytes)
 
 
-def schedule(graph: TaskGraph, hardware: Hardware) -> Schedule:
+@dataclass(frozen=True)
+class RuntimeCosts:
+    """What a runtime adds to the tasks' own run times (each measured alone on its unit).
+
+    ``dispatch_ms``: paid by every task, on its unit — handing it to the unit's worker thread,
+    waking that thread, and judging the stage's exit. ``contention`` (>= 1): the slow-down of a
+    task while a task on another unit runs at the same time (units that share memory bandwidth,
+    such as two CPU core groups): a task's work advances at rate 1/contention while another unit
+    is busy, at rate 1 otherwise. ``slowdown`` (> 0): every task's own time is multiplied by it —
+    the share of the cores other processes took while the runtime was measured, or the cache's
+    state when the tasks were timed differently from how the runtime runs them. The defaults
+    ``handoff_ms``: paid on top of the exchange cost whenever a task reads what another unit
+    produced — waking the other unit's worker, which on a busy machine waits for its core. The
+    defaults (0, 1, 1, 0) are the paper's model. All four are fitted from a few measured runs
+    (``mapper.calibration``)."""
+
+    dispatch_ms: float = 0.0
+    contention: float = 1.0
+    slowdown: float = 1.0
+    handoff_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.dispatch_ms >= 0 or not self.contention >= 1 or not self.slowdown > 0 \
+                or not self.handoff_ms >= 0:
+            raise ValueError(f"runtime costs need dispatch_ms >= 0, contention >= 1, slowdown > 0 and "
+                             f"handoff_ms >= 0, got {self.dispatch_ms!r}, {self.contention!r}, {self.slowdown!r}, "
+                             f"{self.handoff_ms!r}")
+
+    @property
+    def ideal(self) -> bool:
+        return self.dispatch_ms == 0 and self.contention == 1 and self.slowdown == 1 and self.handoff_ms == 0
+
+
+def schedule(graph: TaskGraph, hardware: Hardware, runtime: RuntimeCosts | None = None) -> Schedule:
     """Start and finish of every task: after the tasks it needs (plus transfers) and after the
-    previous task on its unit."""
+    previous task on its unit; with ``runtime``, each task also pays the dispatch cost and runs
+    slower while another unit is busy."""
+    if runtime is None or runtime.ideal:
+        return _list_schedule(graph, hardware)
+    return _shared_schedule(graph, hardware, runtime)
+
+
+def _list_schedule(graph: TaskGraph, hardware: Hardware) -> Schedule:
     n = len(graph.tasks)
     start, finish = np.zeros(n), np.zeros(n)
     free: dict[str, float] = {}
@@ -100,6 +146,55 @@ def schedule(graph: TaskGraph, hardware: Hardware) -> Schedule:
         start[index] = max(ready, free.get(task.unit, 0.0))
         finish[index] = start[index] + task.latency_ms
         free[task.unit] = finish[index]
+    return Schedule(start, finish, finish[list(graph.exits)])
+
+
+def _shared_schedule(graph: TaskGraph, hardware: Hardware, runtime: RuntimeCosts) -> Schedule:
+    """An event simulation of the list schedule in which every running task advances at rate
+    1/contention while a task on another unit runs; a task's work is its time × slowdown plus
+    the dispatch; reading another unit's output costs the transfer plus the handoff."""
+    n = len(graph.tasks)
+    start, finish = np.full(n, np.nan), np.full(n, np.nan)
+    queues: dict[str, list[int]] = {}
+    for index, task in enumerate(graph.tasks):
+        queues.setdefault(task.unit, []).append(index)
+    left = {i: t.latency_ms * runtime.slowdown + runtime.dispatch_ms for i, t in enumerate(graph.tasks)}
+    running: dict[str, int] = {}
+    now, eps = 0.0, 1e-12
+
+    def ready_at(index: int) -> float | None:
+        """When the head task ``index`` may start (None: a task it needs has not finished)."""
+        task = graph.tasks[index]
+        if any(np.isnan(finish[need]) for need in task.needs):
+            return None
+        return max([finish[need] + transfer_ms(hardware, graph.tasks[need], task.unit)
+                    + (runtime.handoff_ms if graph.tasks[need].unit != task.unit else 0.0) for need in task.needs],
+                   default=0.0)
+
+    while len(running) or any(queues.values()):
+        waits = []
+        for unit, queue in queues.items():
+            if unit in running or not queue:
+                continue
+            ready = ready_at(queue[0])
+            if ready is None:
+                continue
+            if ready <= now + eps:
+                running[unit] = queue.pop(0)
+                start[running[unit]] = now
+            else:
+                waits.append(ready - now)
+        if not running:
+            now += min(waits)     # nothing runs: jump to the first task that becomes ready
+            continue
+        rate = 1.0 / runtime.contention if len(running) > 1 else 1.0
+        step = min([left[i] / rate for i in running.values()] + waits)
+        now += step
+        for unit, index in list(running.items()):
+            left[index] -= step * rate
+            if left[index] <= eps:
+                finish[index] = now
+                del running[unit]
     return Schedule(start, finish, finish[list(graph.exits)])
 
 
@@ -136,14 +231,15 @@ def exit_energies(graph: TaskGraph, sched: Schedule, hardware: Hardware, account
 
 
 def evaluate(graph: TaskGraph, hardware: Hardware, exit_rates: Sequence[float],
-             accounting: str = "speculative") -> Outcome:
-    """Expected latency and energy over ``exit_rates`` (one per stage, summing to 1)."""
+             accounting: str = "speculative", runtime: RuntimeCosts | None = None) -> Outcome:
+    """Expected latency and energy over ``exit_rates`` (one per stage, summing to 1); ``runtime``:
+    the runtime's dispatch and contention costs (None: the paper's model)."""
     rates = np.asarray(exit_rates, dtype=float)
     if rates.shape != (len(graph.exits),):
         raise ValueError(f"{len(rates)} exit rates for {len(graph.exits)} stages")
     if (rates < 0).any() or not np.isclose(rates.sum(), 1.0):
         raise ValueError(f"exit rates must be >= 0 and sum to 1, got {rates.tolist()}")
-    sched = schedule(graph, hardware)
+    sched = schedule(graph, hardware, runtime)
     latency = sched.exit_latency()
     energy = exit_energies(graph, sched, hardware, accounting)
     return Outcome(tuple(float(v) for v in latency), tuple(float(v) for v in energy),

@@ -16,9 +16,12 @@ from typing import Any, Callable, Iterable
 
 import rclpy
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, ParameterType
+from rclpy.callback_groups import CallbackGroup
+from rclpy.clock import Clock, ClockType
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.node import Node
 from rclpy.signals import SignalHandlerOptions
+from rclpy.timer import Timer
 
 from dynnet_ros.nodes.stop_signal import StopRequested, StopSignal
 
@@ -124,6 +127,20 @@ def declare(node: Node, specs: Iterable[ParamSpec]) -> dict[str, Any]:
             raise ValueError(f"parameter {reason}")
         values[spec.name] = value
     return values
+
+
+def steady_timer(node: Node, period_s: float, callback: Callable[[], None],
+                 callback_group: CallbackGroup | None = None) -> Timer:
+    """A timer of ``node`` on the steady clock: for periods that mean real seconds (liveness,
+    diagnostics, budget profiles and readings, retries).
+
+    A timer on the node's default clock follows /clock under ``use_sim_time``: during a replay it
+    stands still before the player starts and while it waits, and slows with ``--rate``, and
+    the budget manager, which times profiles out in wall seconds, would drop the nodes. Stamps
+    on what the callback publishes stay on the node's ROS clock (the bag's time).
+    """
+    return node.create_timer(period_s, callback, callback_group=callback_group,
+                             clock=Clock(clock_type=ClockType.STEADY_TIME))
 
 
 def _busy_threads(grace_s: float) -> list[str]:

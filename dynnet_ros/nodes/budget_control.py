@@ -31,7 +31,7 @@ from dynnet_ros.budget.protocol import (
 )
 from dynnet_ros.budget.sources import MemoryReading, MemorySource
 from dynnet_ros.nodes import diagnostics as diag
-from dynnet_ros.nodes.base import ParamSpec, declare
+from dynnet_ros.nodes.base import ParamSpec, declare, steady_timer
 
 
 def _positive_list(name: str):
@@ -39,6 +39,33 @@ def _positive_list(name: str):
         bad = [v for v in values if not (math.isfinite(v) and v >= 0)]
         return f"{name} entries must be finite numbers >= 0, got {bad}" if bad else None
     return check
+
+
+def unit_memory(entries: list[str]) -> dict[str, float]:
+    """``unit_memory_mb`` entries (UNIT=MB; blank ones ignored) -> {unit: MB}; ValueError naming a bad one."""
+    out: dict[str, float] = {}
+    for entry in entries:
+        if not entry.strip():
+            continue
+        unit, sep, value = entry.partition("=")
+        try:
+            mb = float(value) if sep and unit.strip() else math.nan
+        except ValueError:
+            mb = math.nan
+        if not (math.isfinite(mb) and mb >= 0):
+            raise ValueError(f"unit_memory_mb entry {entry!r}: expected UNIT=MB with MB a number >= 0")
+        if unit.strip() in out:
+            raise ValueError(f"unit_memory_mb names {unit.strip()!r} twice")
+        out[unit.strip()] = mb
+    return out
+
+
+def _unit_error(entries: list[str]) -> str | None:
+    try:
+        unit_memory(entries)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 MANAGER_SPECS = [
@@ -74,7 +101,12 @@ MANAGER_SPECS = [
               kind="double_array", check=_positive_list("node_min_mb")),
     ParamSpec("node_max_mb", [0.0, 0.0, 0.0], "Maximum budget per entry of node_names (MiB; 0 = no maximum).",
               kind="double_array", check=_positive_list("node_max_mb")),
+    ParamSpec("unit_memory_mb", [""], "Memory of compute units for mapped stages, as UNIT=MB entries (e.g. "
+              "dla0=64); shared among the model nodes whose `mapping: auto` may use the unit, by priority, and "
+              "published on dynnet/budgets ([''] = none).", kind="string_array",
+              check=_unit_error),
 ]
+
 
 
 def config_from_params(p: dict[str, Any], namespace: str = "/") -> ManagerConfig:
@@ -96,7 +128,7 @@ def config_from_params(p: dict[str, Any], namespace: str = "/") -> ManagerConfig
                         count_gpu_shared=p["count_gpu_shared"]),
         hysteresis=Hysteresis(p["hysteresis_mb"], p["hysteresis_frac"], p["min_interval_s"]),
         nodes=tuple(nodes), rate_hz=p["rate_hz"], pressure_drop_mb=p["pressure_drop_mb"],
-        profile_timeout_s=p["profile_timeout_s"])
+        profile_timeout_s=p["profile_timeout_s"], unit_memory_mb=unit_memory(list(p["unit_memory_mb"])))
 
 
 class BudgetController:
@@ -121,7 +153,7 @@ class BudgetController:
         node.create_subscription(String, PROFILES_TOPIC, self._on_profile, 10)
         node.create_subscription(String, NODE_EVENTS_TOPIC, self._on_node_event, 10)
         node.add_on_set_parameters_callback(self._on_set_parameters)
-        self._timer = node.create_timer(1.0 / self.params["monitor_hz"], self.tick)
+        self._timer = steady_timer(node, 1.0 / self.params["monitor_hz"], self.tick)
 
     # ------------------------------------------------------------------ inputs
     def _now(self) -> float:
@@ -279,6 +311,11 @@ class BudgetController:
             values[f"{key}.predicted_ms"] = nb.predicted_ms
             if nb.last_error:
                 values[f"{key}.last_error"] = nb.last_error
+        for unit, mb in r.unit_memory_mb.items():
+            values[f"unit_memory_mb.{unit}"] = mb
+        for node_name, units in r.unit_budgets.items():
+            for unit, mb in units.items():
+                values[f"{node_name.lstrip('/')}.unit_mb.{unit}"] = mb
         if r.infeasible:
             need = sum(nb.min_mb for nb in r.nodes.values())
             level, message = diag.ERROR, (f"DNN pool {r.total_mb:.0f} MB < sum of minimums {need:.0f} MB; "

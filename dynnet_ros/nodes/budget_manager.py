@@ -16,7 +16,7 @@ from rclpy.node import Node
 
 from dynnet_ros.budget.monitors import snapshot
 from dynnet_ros.nodes import diagnostics as diag
-from dynnet_ros.nodes.base import ParamSpec, declare, run_node
+from dynnet_ros.nodes.base import ParamSpec, declare, run_node, steady_timer
 from dynnet_ros.nodes.budget_control import MANAGER_SPECS, BudgetController
 from dynnet_ros.units import MB
 
@@ -38,7 +38,7 @@ class BudgetManager(Node):
         self._pids: dict[str, int] = {"budget_manager": os.getpid()}
         self.diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self.create_subscription(DiagnosticArray, "/diagnostics", self._on_diagnostics, 50)
-        self.create_timer(float(self.params["period_s"]), self._tick)
+        steady_timer(self, float(self.params["period_s"]), self._tick)
         self.budget = BudgetController(self)
 
     def _on_diagnostics(self, msg: DiagnosticArray) -> None:
@@ -75,14 +75,8 @@ class BudgetManager(Node):
             level, message = diag.WARN, f"low memory: {snap.effective_available_bytes / MB:.0f} MiB available"
         else:
             level, message = diag.OK, f"{snap.effective_available_bytes / MB:.0f} MiB available"
-        status = diag.make_status(f"{self.get_name()}: memory", self.get_fully_qualified_name(), level, message,
-                                  values)
-        try:
-            self.diag_pub.publish(diag.make_array(self.get_clock().now().to_msg(),
-                                                  [status, self.budget.diagnostic_status()]))
-        except Exception:  # noqa: BLE001 — a tick racing Ctrl-C finds the context gone
-            if self.context.ok():
-                raise
+        diag.publish(self, self.diag_pub, [diag.node_status(self, "memory", level, message, values),
+                                           self.budget.diagnostic_status()])
 
 
 def main(args: list[str] | None = None) -> int:

@@ -20,6 +20,7 @@ from dynnet_ros.budget.profile import ProfileHold, engine_profile
 from dynnet_ros.budget.protocol import PROFILES_TOPIC, ModelProfile
 from dynnet_ros.engine.memtrim import release_memory
 from dynnet_ros.engine.procmem import ProcessMemory, process_memory
+from dynnet_ros.nodes.base import steady_timer
 
 #: How long closing waits for a profile being published; within the shutdown watchdog's limit.
 CLOSE_WAIT_S = 0.5
@@ -76,15 +77,18 @@ class ProfilePublisher:
     profile keeps a minimum per class (``ProfileHold``), and stays ``measured: false`` (no
     budget from the manager) until the node's announced minimums are known (``announce``).
     ``publish`` runs on the node's timer and, on a size class the hold has not seen, from the
-    worker right away.
+    worker right away. ``units``: the compute units whose memory the node asks the manager for
+    (``mapping: auto``).
     """
 
     def __init__(self, node: Node, engine: Callable[[], Any], budget_mb: Callable[[], float | None],
                  baseline: ProcessMemory, period_s: float = 1.0,
                  latency_ms: Callable[[], float | None] | None = None,
                  frame_mb: Callable[[], float] | None = None,
-                 size: Callable[[], str | None] | None = None) -> None:
+                 size: Callable[[], str | None] | None = None,
+                 units: Callable[[], tuple[str, ...]] | None = None) -> None:
         self._node, self._engine, self._budget = node, engine, budget_mb
+        self._units = units or tuple
         self._latency = latency_ms
         self._frame_mb = frame_mb or (lambda: 0.0)
         self._size = size or (lambda: None)
@@ -95,7 +99,7 @@ class ProfilePublisher:
         self.hold = ProfileHold()   # bounds of the largest input size seen lately (no flapping)
         self._engine_id: int | None = None
         self._pub = node.create_publisher(String, PROFILES_TOPIC, 10)
-        node.create_timer(period_s, self.publish)
+        steady_timer(node, period_s, self.publish)
 
     def announce(self, engine: Any, minimums: dict[str, float]) -> None:
         """Minimums per size class of ``engine`` known before such frames arrive (the node's
@@ -139,6 +143,7 @@ class ProfilePublisher:
             profile = self.hold.update(profile, time.monotonic(), self._size(), announced)
             if announced is None:  # a budget now could miss the size classes about to be announced
                 profile = replace(profile, measured=False)
+            profile = replace(profile, units=tuple(self._units()))
             if not self._closed:
                 self._pub.publish(String(data=profile.to_json()))
         except Exception as exc:  # noqa: BLE001 — a profile is advisory; never take the node down

@@ -6,25 +6,20 @@ model nodes turn into an ERROR diagnostic.
 """
 from __future__ import annotations
 
-import sys
 from typing import Literal
 
 import numpy as np
 from sensor_msgs.msg import Image, PointCloud2, PointField
 
-# encoding -> (element dtype, channels)
-IMAGE_ENCODINGS: dict[str, tuple[np.dtype, int]] = {
-    "rgb8": (np.dtype(np.uint8), 3),
-    "bgr8": (np.dtype(np.uint8), 3),
-    "rgba8": (np.dtype(np.uint8), 4),
-    "bgra8": (np.dtype(np.uint8), 4),
-    "mono8": (np.dtype(np.uint8), 1),
-    "mono16": (np.dtype(np.uint16), 1),
-    "16UC1": (np.dtype(np.uint16), 1),
-    "32FC1": (np.dtype(np.float32), 1),
-}
-
-_HOST_BIG_ENDIAN = sys.byteorder == "big"
+from dynnet_ros.layouts import (
+    HOST_BIG_ENDIAN,
+    IMAGE_ENCODINGS,
+    XYZI_DTYPE,
+    XYZI_FIELDS,
+    pack_image,
+    pack_xyzi,
+    xyzi_dense,
+)
 
 
 def _byte_view(data) -> np.ndarray:
@@ -62,25 +57,14 @@ def image_to_array(msg: Image) -> np.ndarray:
 
 def array_to_image(array: np.ndarray, encoding: str, header=None) -> Image:
     """Pack an HxW / HxWxC array as an Image (host byte order, no row padding)."""
-    if encoding not in IMAGE_ENCODINGS:
-        raise ValueError(f"unsupported image encoding '{encoding}'; supported: {sorted(IMAGE_ENCODINGS)}")
-    dtype, channels = IMAGE_ENCODINGS[encoding]
-    array = np.asarray(array)
-    if array.ndim == 2:
-        array = array[:, :, None]
-    if array.ndim != 3 or array.shape[2] != channels:
-        raise ValueError(f"{encoding} needs an HxW{'' if channels == 1 else 'x' + str(channels)} array, "
-                         f"got shape {list(array.shape)}")
-    if array.shape[0] == 0 or array.shape[1] == 0:
-        raise ValueError(f"cannot publish an empty image (shape {list(array.shape)})")
-    array = np.ascontiguousarray(array, dtype=dtype)
+    array, step = pack_image(array, encoding)
     msg = Image()
     if header is not None:
         msg.header = header
     msg.height, msg.width = int(array.shape[0]), int(array.shape[1])
     msg.encoding = encoding
-    msg.is_bigendian = int(_HOST_BIG_ENDIAN)
-    msg.step = msg.width * channels * dtype.itemsize
+    msg.is_bigendian = int(HOST_BIG_ENDIAN)
+    msg.step = step
     msg.data = array.tobytes()
     return msg
 
@@ -119,9 +103,6 @@ _FIELD_DTYPES = {
     PointField.FLOAT32: np.float32, PointField.FLOAT64: np.float64,
 }
 
-XYZI_FIELDS = ("x", "y", "z", "intensity")
-XYZI_DTYPE = np.dtype([(name, np.float32) for name in XYZI_FIELDS])
-
 
 def cloud_dtype(msg: PointCloud2) -> np.dtype:
     """numpy structured dtype of one point, from the message's fields."""
@@ -159,7 +140,7 @@ def cloud_to_xyzi(msg: PointCloud2, *, drop_invalid: bool = True) -> np.ndarray:
     buf = _byte_view(msg.data)
     rows = [buf[r * msg.row_step: r * msg.row_step + width * msg.point_step] for r in range(height)]
     points = np.frombuffer(b"".join(r.tobytes() for r in rows) if height > 1 else rows[0].tobytes(), dtype=dtype)
-    out = np.zeros((len(points), 4), dtype=np.float32)
+    out: np.ndarray = np.zeros((len(points), 4), dtype=np.float32)
     for i, name in enumerate(("x", "y", "z", "intensity")):
         if name in names:
             out[:, i] = points[name]
@@ -170,21 +151,16 @@ def cloud_to_xyzi(msg: PointCloud2, *, drop_invalid: bool = True) -> np.ndarray:
 
 def xyzi_to_cloud(points: np.ndarray, header=None) -> PointCloud2:
     """Pack (N, 4) x, y, z, intensity as an unorganised PointCloud2 (height 1)."""
-    pts = np.asarray(points, dtype=np.float32)
-    if pts.ndim != 2 or pts.shape[1] != 4:
-        raise ValueError(f"points must be (N, 4) x, y, z, intensity, got shape {list(pts.shape)}")
-    packed = np.empty(len(pts), dtype=XYZI_DTYPE)
-    for i, name in enumerate(XYZI_FIELDS):
-        packed[name] = pts[:, i]
+    packed = pack_xyzi(points)
     msg = PointCloud2()
     if header is not None:
         msg.header = header
-    msg.height, msg.width = 1, len(pts)
+    msg.height, msg.width = 1, len(packed)
     msg.fields = [PointField(name=name, offset=4 * i, datatype=PointField.FLOAT32, count=1)
                   for i, name in enumerate(XYZI_FIELDS)]
-    msg.is_bigendian = _HOST_BIG_ENDIAN
+    msg.is_bigendian = HOST_BIG_ENDIAN
     msg.point_step = XYZI_DTYPE.itemsize
-    msg.row_step = msg.point_step * len(pts)
+    msg.row_step = msg.point_step * len(packed)
     msg.data = packed.tobytes()
-    msg.is_dense = bool(np.isfinite(pts).all())
+    msg.is_dense = xyzi_dense(packed)
     return msg

@@ -20,14 +20,14 @@ from rclpy.qos import qos_profile_sensor_data
 from rclpy.time import Time
 from sensor_msgs.msg import Image, PointCloud2
 
+from dynnet_ros.geometry import extrinsic_matrix, transform_points
 from dynnet_ros.nodes.base import ParamSpec, run_node
 from dynnet_ros.nodes.convert import array_to_image, cloud_to_xyzi
-from dynnet_ros.nodes.geometry import extrinsic_matrix, transform_points
-from dynnet_ros.nodes.model_node import OUTPUT_QOS, FrameInfo, ModelNode, common_specs, format_check, input_size
-from dynnet_ros.nodes.scene import lidar_to_camera_xyzrpy
+from dynnet_ros.nodes.model_node import OUTPUT_QOS, FrameInfo, ModelNode, common_specs, format_spec, input_size
 from dynnet_ros.perception import DepthEstimator
 from dynnet_ros.perception.formats.depth import DEPTH_FORMATS
 from dynnet_ros.perception.results import DepthFit
+from dynnet_ros.sim.scene import lidar_to_camera_xyzrpy
 
 
 def _check_extrinsic(values: list[float]) -> str | None:
@@ -39,10 +39,7 @@ def _check_extrinsic(values: list[float]) -> str | None:
 
 
 TASK_PARAMETERS = [
-    ParamSpec("model_format", "auto", "Depth export format: 'auto' (decided from the model's signature and "
-              "metadata; the decision and its reason are logged and in /diagnostics) or one of "
-              f"{', '.join(DEPTH_FORMATS)} (docs/models.md). A change loads the model again.",
-              check=format_check(DEPTH_FORMATS)),
+    format_spec("Depth", DEPTH_FORMATS, "signature and metadata"),
     ParamSpec("depth_scale", 1.0, "Metric models: multiplier from model output to metres (relative models are "
               "scaled by the LiDAR fit and need 1.0).", low=1e-3, high=1e3),
     ParamSpec("max_depth_m", 100.0, "Output depths are clipped to [0, max_depth_m].", low=0.1, high=1e4),

@@ -9,6 +9,8 @@ import json
 from typing import Any, Mapping
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rclpy.node import Node
+from rclpy.publisher import Publisher
 
 OK, WARN, ERROR, STALE = 0, 1, 2, 3
 LEVEL_NAMES = {OK: "OK", WARN: "WARN", ERROR: "ERROR", STALE: "STALE"}
@@ -45,6 +47,25 @@ def make_array(stamp, statuses: list[DiagnosticStatus]) -> DiagnosticArray:
     array.header.stamp = stamp
     array.status = statuses
     return array
+
+
+def node_status(node: Node, what: str, level: int, message: str, values: Mapping[str, Any]) -> DiagnosticStatus:
+    """A status named ``"<node name>: <what>"`` with the node's full name as hardware id, so the
+    demo table and the budget manager find every node's status the same way."""
+    return make_status(f"{node.get_name()}: {what}", node.get_fully_qualified_name(), level, message, values)
+
+
+def publish(node: Node, publisher: Publisher, statuses: list[DiagnosticStatus]) -> None:
+    """Publish ``statuses`` stamped with the node's ROS time (the bag's time under replay).
+
+    A timer tick racing Ctrl-C finds the context shut down and the publish fails; that failure
+    is dropped, any other is raised.
+    """
+    try:
+        publisher.publish(make_array(node.get_clock().now().to_msg(), statuses))
+    except Exception:  # noqa: BLE001 — which exception a shut-down context raises depends on the rclpy call
+        if node.context.ok():
+            raise
 
 
 def status_values(status: DiagnosticStatus) -> dict[str, Any]:

@@ -21,20 +21,18 @@ from dynnet_ros.nodes.model_node import (
     FrameInfo,
     ModelNode,
     class_list,
+    classes_spec,
     common_specs,
-    format_check,
+    format_spec,
     input_size,
 )
 from dynnet_ros.perception import Segmenter
 from dynnet_ros.perception.formats.segmentation import segmentation_formats
 
 TASK_PARAMETERS = [
-    ParamSpec("model_format", "auto", "Segmentation export format: 'auto' (decided from the model's signature; "
-              "the decision and its reason are logged and in /diagnostics) or one of "
-              f"{', '.join(segmentation_formats())} (docs/models.md). A change loads the model again.",
-              check=format_check(segmentation_formats())),
-    ParamSpec("classes", [""], "Multi-class models: class names or ids that form the lane mask ([''] = every "
-              "class but 0, the background). A change loads the model again.", kind="string_array"),
+    format_spec("Segmentation", segmentation_formats()),
+    classes_spec("Multi-class models: class names or ids that form the lane mask ([''] = every class but 0, "
+                 "the background)."),
     ParamSpec("output_name", "", "The model output to decode when it has several (empty = the first). A change "
               "loads the model again."),
     ParamSpec("lane_threshold", 0.5, "Lane probability at or above which a pixel is marked 255.", low=0.0, high=1.0),

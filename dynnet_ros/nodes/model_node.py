@@ -24,8 +24,8 @@ import threading
 import time
 import traceback
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Iterable
 
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray
@@ -34,25 +34,38 @@ from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.node import Node
 from rclpy.qos import QoSHistoryPolicy, QoSProfile, qos_profile_sensor_data
 from sensor_msgs.msg import CameraInfo, Image
+from std_msgs.msg import String
 
-from dynnet_ros.budget.protocol import size_key
+from dynnet_ros.budget.protocol import BUDGETS_TOPIC, size_key, unit_budget
 from dynnet_ros.engine import Engine
 from dynnet_ros.engine.backends import available_backends
 from dynnet_ros.engine.memtrim import release_memory
 from dynnet_ros.engine.procmem import process_memory
 from dynnet_ros.mapper.runtime import StageExecutor
 from dynnet_ros.nodes import diagnostics as diag
-from dynnet_ros.nodes.base import ParamSpec, declare
+from dynnet_ros.nodes.base import ParamSpec, declare, steady_timer
 from dynnet_ros.nodes.budget_profile import ProfilePublisher, memory_now, prewarm_runtime
 from dynnet_ros.nodes.convert import image_to_rgb8
 from dynnet_ros.nodes.frame_memory import FrameBytes, frame_bytes
-from dynnet_ros.nodes.mapped import MappedSettings, mapped_diagnostics, open_mapped, tune
+from dynnet_ros.nodes.mapped import (
+    AutoPick,
+    MappedSettings,
+    Rerun,
+    auto_hardware,
+    check_mapping,
+    choose_auto,
+    mapped_diagnostics,
+    open_auto,
+    open_mapped,
+    tune,
+)
 from dynnet_ros.nodes.sensor_sim import parse_resolution
 from dynnet_ros.nodes.stats import FrameStats
 from dynnet_ros.perception.core import PerceptionCore
 from dynnet_ros.perception.letterbox import Letterbox, plan_letterbox
 from dynnet_ros.perception.model_info import ModelInfo, read_model_info
 from dynnet_ros.perception.projection import validate_intrinsics
+from dynnet_ros.settings import settings
 from dynnet_ros.units import to_mb
 from dynnet_ros.zoo import ensure_model
 
@@ -101,14 +114,23 @@ def class_list(values: list[str]) -> list[str]:
     return [v.strip() for v in values if v.strip()]
 
 
-def format_check(formats) -> Any:
-    """A ParamSpec check: ``model_format`` is ``auto`` or one of ``formats`` (whether the model
-    fits it is checked when the core loads)."""
-    choices = ["auto", *formats]
+def format_spec(task: str, formats: Iterable[str], evidence: str = "signature") -> ParamSpec:
+    """The ``model_format`` parameter of a node whose core decodes ``formats`` (names, or a
+    mapping keyed by them): ``auto`` or one of them (whether the model fits it is checked when the
+    core loads). ``evidence``: what ``auto`` decides from."""
+    names = list(formats)
+    choices = ["auto", *names]
 
     def check(value: str) -> str | None:
         return None if value in choices else f"model_format must be one of {choices}, got {value!r}"
-    return check
+    return ParamSpec("model_format", "auto", f"{task} export format: 'auto' (decided from the model's {evidence}; "
+                     "the decision and its reason are logged and in /diagnostics) or one of "
+                     f"{', '.join(names)} (docs/models.md). A change loads the model again.", check=check)
+
+
+def classes_spec(meaning: str) -> ParamSpec:
+    """The ``classes`` parameter (read with ``class_list``) of a node whose model may name classes."""
+    return ParamSpec("classes", [""], f"{meaning} A change loads the model again.", kind="string_array")
 
 
 @dataclass(frozen=True)
@@ -155,7 +177,9 @@ def common_specs(task: str) -> list[ParamSpec]:
                   "the model's stride (0 = the camera size). Fixed-input models ignore it.", low=0, high=8192),
         ParamSpec("mapping", "", "Mapped mode (docs/mapper.md): a mapping file that cuts the model into stages "
                   "run on compute units, answering at the first confident exit; empty = unmapped. A file that "
-                  "does not load is rejected and the previous mapping keeps serving."),
+                  "does not load is rejected and the previous mapping keeps serving. 'auto' (this machine) or "
+                  "'auto:HARDWARE': the pick of the search cached by `dynnet map search`, re-picked when the "
+                  "budget manager changes the node's per-unit memory.", check=check_mapping),
         ParamSpec("exit_threshold", -1.0, "Mapped mode: the confidence every early exit needs to answer "
                   "(< 0 = the mapping file's thresholds).", low=-1.0, high=1.0),
         ParamSpec("deadline_ms", 0.0, "Mapped mode: answer by this time with the deepest exit done "
@@ -216,11 +240,15 @@ class ModelNode(Node, ABC):
         self._last_camera: tuple[int, int] | None = None
         self._camera_infos: dict[tuple[int, int], np.ndarray] = {}
         self._mapped: StageExecutor | None = None
+        self._auto: AutoPick | None = None          # mapping: auto — what runs and why
+        self._unit_limits: dict[str, float] = {}    # per-unit memory from the budget manager
+        self._mapping_generation = 0                # bumped by every swap of the mapped stages
         try:
-            self._mapped = self._open_mapped(self.core, self.params)
+            self._mapped, self._auto = self._open_mapped(self.core, self.params)
         except ValueError as exc:  # the node serves unmapped; the reason is in its diagnostics
             self._rejected = f"mapping {self.params['mapping']!r} not used: {exc}"
         self.core.runner = None if self._mapped is None else self._mapped.run
+        self._log_auto()
 
         self.diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         # sensor callbacks and the diagnostics timer run beside the parameter services (see run_node)
@@ -229,12 +257,16 @@ class ModelNode(Node, ABC):
                                  callback_group=self.io_group)
         self.create_subscription(CameraInfo, "camera/camera_info", self._on_camera_info, qos_profile_sensor_data,
                                  callback_group=self.io_group)
+        self._repicks = Rerun(self._repick, f"{node_name}-repick", self._stop.is_set,
+                              lambda trace: self.get_logger().error(f"mapping auto: re-pick failed: {trace}"))
+        self.create_subscription(String, BUDGETS_TOPIC, self._on_budgets, 10, callback_group=self.io_group)
         self.add_on_set_parameters_callback(self._on_set_parameters)
-        self.create_timer(1.0, self.publish_diagnostics, callback_group=self.io_group)
+        steady_timer(self, 1.0, self.publish_diagnostics, self.io_group)
         # latency-vs-budget profile for the budget manager (docs/budget.md)
         self.budget_profile = ProfilePublisher(self, lambda: self.engine,
                                                lambda: self.params["memory_budget_mb"] or None, rss_before_model,
-                                               frame_mb=lambda: self.frame.total_mb, size=self._size_class)
+                                               frame_mb=lambda: self.frame.total_mb, size=self._size_class,
+                                               units=self._claimed_units)
         self._announce_sizes(self.core, self.params)
         self._worker = threading.Thread(target=self._work, name=f"{node_name}-worker", daemon=True)
         self._worker.start()
@@ -285,9 +317,78 @@ class ModelNode(Node, ABC):
         self._engine_budget_mb = budget
         return core
 
-    def _open_mapped(self, core: PerceptionCore, params: dict[str, Any]) -> StageExecutor | None:
-        """Mapped mode for ``core``'s model (None: unmapped); ValueError with the reason."""
-        return open_mapped(core.model_path, MappedSettings.from_params(params), params["memory_budget_mb"] or None)
+    def _open_mapped(self, core: PerceptionCore,
+                     params: dict[str, Any]) -> tuple[StageExecutor | None, AutoPick | None]:
+        """Mapped mode for ``core``'s model (None: unmapped) and, for ``mapping: auto``, what was
+        picked and why; ValueError with the reason."""
+        mapped = MappedSettings.from_params(params)
+        budget = params["memory_budget_mb"] or None
+        if auto_hardware(mapped.mapping) is None:
+            return open_mapped(core.model_path, mapped, budget), None
+        chosen = choose_auto(core.model_path, mapped.mapping, dict(self._unit_limits), settings().cache.map_dir)
+        return open_auto(core.model_path, chosen, mapped, budget), chosen
+
+    def _claimed_units(self) -> tuple[str, ...]:
+        """The units whose memory this node asks the budget manager for (``mapping: auto``)."""
+        auto = self._auto
+        return () if auto is None else auto.hardware.unit_names
+
+    def _log_auto(self) -> None:
+        auto = self._auto
+        if auto is None:
+            return
+        if auto.error:
+            self.get_logger().error(auto.error)
+        elif auto.pick is not None:
+            self.get_logger().info(f"mapping auto: running {dict(auto.pick.candidate.assignment)} ({auto.pick.reason})")
+
+    # ------------------------------------------------------------------ mapping: auto re-picks
+    def _on_budgets(self, msg: String) -> None:
+        """A budget report: per-unit memory for this node changed -> re-pick beside the frame loop."""
+        try:
+            limits = unit_budget(msg.data, self.get_fully_qualified_name()) or {}
+        except ValueError as exc:
+            self.get_logger().warning(f"ignoring budget report: {exc}", throttle_duration_sec=10.0)
+            return
+        if limits == self._unit_limits:
+            return
+        self._unit_limits = limits
+        if auto_hardware(self.params["mapping"]) is not None:
+            self._repicks.request()
+
+    def _repick(self) -> None:
+        """The cached candidate under the current per-unit limits; new stages are built here and
+        swapped in between two frames (the previous ones serve meanwhile)."""
+        params, core = self.params, self.core
+        with self._engine_lock:
+            generation, current = self._mapping_generation, self._auto
+        if auto_hardware(params["mapping"]) is None:
+            return
+        chosen = choose_auto(core.model_path, params["mapping"], dict(self._unit_limits), settings().cache.map_dir)
+        executor = None
+        if not chosen.same_choice(current):
+            try:
+                executor = open_auto(core.model_path, chosen, MappedSettings.from_params(params),
+                                     params["memory_budget_mb"] or None)
+            except ValueError as exc:
+                chosen = replace(chosen, pick=None, error=f"mapping auto: the pick does not run: {exc}; serving "
+                                 "unmapped")
+        old, stale = None, False
+        with self._engine_lock:
+            if generation != self._mapping_generation or self._stop.is_set():
+                old, stale = executor, True   # the mapping changed meanwhile: this pick is stale
+            else:
+                self._auto = chosen
+                if not chosen.same_choice(current):
+                    old, self._mapped = self._mapped, executor
+                    self.core.runner = None if executor is None else executor.run
+                    self._mapping_generation += 1
+        if old is not None:
+            old.close()
+        if not stale:
+            if not chosen.same_choice(current):
+                self._log_auto()
+            self.publish_diagnostics()
 
     def _log_core(self, core: PerceptionCore, what: str) -> None:
         self.get_logger().info(f"{what} {self.task} model {core.model_path} on {self.params['backend']}: "
@@ -377,13 +478,14 @@ class ModelNode(Node, ABC):
         merged = {**self.params, **updates}
         new_core = None
         new_mapped: StageExecutor | None = None
+        new_auto: AutoPick | None = None
         try:
             self.validate_task_params(merged, updates)
             changed = {name for name in updates if updates[name] != self.params.get(name)}
             if changed & {*ENGINE_PARAMS, *self.core_params}:
                 new_core = self._load_core(merged)  # built inside the new budget directly
             if new_core is not None or "mapping" in changed:
-                new_mapped = self._open_mapped(new_core or self.core, merged)
+                new_mapped, new_auto = self._open_mapped(new_core or self.core, merged)
             elif changed & {"exit_threshold", "deadline_ms"} and self._mapped is not None:
                 tune(self._mapped, MappedSettings.from_params(merged))
             elif "memory_budget_mb" in updates and updates["memory_budget_mb"] != self.params["memory_budget_mb"]:
@@ -412,10 +514,14 @@ class ModelNode(Node, ABC):
                 self._rejected = None
             if new_core is not None or "mapping" in changed:
                 old_mapped, self._mapped = self._mapped, new_mapped
+                self._auto = new_auto
+                self._mapping_generation += 1
                 self.core.runner = None if new_mapped is None else new_mapped.run
             self.params = merged
         if old_mapped is not None:
             old_mapped.close()
+        if new_core is not None or "mapping" in changed:
+            self._log_auto()
         if old is not None and new_core is not None:
             old.close()  # load new -> swap -> close old: two cores only while switching
             release_memory()
@@ -578,8 +684,11 @@ class ModelNode(Node, ABC):
         p50, p95 = self.stats.percentiles()
         typed = self.engine.engine_stats()
         engine_stats = typed.as_dict()
+        auto = self._auto
         if self._last_error is not None:
             level, message = diag.ERROR, self._last_error
+        elif auto is not None and auto.error:
+            level, message = diag.ERROR, auto.error
         elif not self.params["enabled"]:
             level, message = diag.OK, "disabled (enabled=false)"
         elif self.stats.processed == 0:
@@ -612,7 +721,7 @@ class ModelNode(Node, ABC):
             "last_error": self._last_error or "",
         }
         values.update(self.extra_diagnostics())
-        values.update(mapped_diagnostics(self._mapped, self.params["mapping"]))
+        values.update(mapped_diagnostics(self._mapped, self.params["mapping"], auto))
         values.update({f"engine.{k}": v for k, v in engine_stats.items()})
         # The model's budget is the node's share; the engine itself runs in it minus the frame buffers.
         values["engine.model_budget_mb"] = typed.memory_budget_mb
@@ -620,8 +729,7 @@ class ModelNode(Node, ABC):
         values["frame_buffers_mb"] = self.frame.total_mb
         values["held_after_load_mb"] = self._held_after_load_mb
         values["engine.predicted_peak_mb"] = None if typed.window is None else to_mb(typed.window.predicted_peak_bytes)
-        status = diag.make_status(f"{self.get_name()}: {self.task} model", self.get_fully_qualified_name(),
-                                  level, message, values)
+        status = diag.node_status(self, f"{self.task} model", level, message, values)
         try:
             self.diag_pub.publish(diag.make_array(self.get_clock().now().to_msg(), [status]))
         except Exception:  # noqa: BLE001 — context already shut down during exit

@@ -28,13 +28,14 @@ from dynnet_ros.nodes.model_node import (
     FrameInfo,
     ModelNode,
     class_list,
+    classes_spec,
     common_specs,
-    format_check,
+    format_spec,
     input_size,
 )
-from dynnet_ros.nodes.scene import camera_matrix
 from dynnet_ros.perception import Detections, Detector
 from dynnet_ros.perception.formats.detection import DETECTION_FORMATS
+from dynnet_ros.sim.scene import camera_matrix
 
 try:  # optional: not on PyPI as a wheel; present on robots with a system ROS 2
     from vision_msgs.msg import BoundingBox2D, Detection2D, Detection2DArray, ObjectHypothesisWithPose
@@ -47,12 +48,9 @@ LABEL_NS = "pedestrian_labels"
 
 
 TASK_PARAMETERS = [
-    ParamSpec("model_format", "auto", "Detector export format: 'auto' (decided from the model's signature and "
-              "metadata; the decision and its reason are logged and in /diagnostics) or one of "
-              f"{', '.join(DETECTION_FORMATS)} (docs/models.md). A change loads the model again.",
-              check=format_check(DETECTION_FORMATS)),
-    ParamSpec("classes", [""], "Class names or ids that count as pedestrians ([''] or [] = every class), e.g. "
-              "['person'] for a COCO detector. A change loads the model again.", kind="string_array"),
+    format_spec("Detector", DETECTION_FORMATS, "signature and metadata"),
+    classes_spec("Class names or ids that count as pedestrians ([''] or [] = every class), e.g. ['person'] for a "
+                 "COCO detector."),
     ParamSpec("labels_file", "", "Class names, one per line (or a YAML/JSON list or id->name map), overriding "
               "the model's metadata; empty = the model's own names. A change loads the model again."),
     ParamSpec("score_threshold", 0.3, "Minimum detection score.", low=0.0, high=1.0),

@@ -1,13 +1,13 @@
 """Sensor simulator: camera (changing resolution), CameraInfo and LiDAR from one synthetic scene.
 
-Each frame builds the 3D scene once (scene.make_scene), renders the camera image from it and
-ray-casts the LiDAR against it, and publishes all three with the same stamp. The camera cycles
-through `resolutions`, spending `resolution_period_s` on each.
+Each frame builds the 3D scene once (sim/frames.render_frame: the scene at the time since start
+and the seed), renders the camera image from it and ray-casts the LiDAR against it, and publishes
+all three with the same stamp. The camera cycles through `resolutions`, spending
+`resolution_period_s` on each. `dynnet sim --record` writes the same frames into a bag.
 """
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 
@@ -21,22 +21,11 @@ from std_msgs.msg import Header
 
 from dynnet_ros.engine.procmem import process_memory
 from dynnet_ros.nodes import diagnostics as diag
-from dynnet_ros.nodes import scene
-from dynnet_ros.nodes.base import ParamSpec, declare, run_node
+from dynnet_ros.nodes.base import ParamSpec, declare, run_node, steady_timer
 from dynnet_ros.nodes.convert import array_to_image, xyzi_to_cloud
+from dynnet_ros.sim.frames import SimSettings, camera_info_fields, parse_resolution, render_frame
 
-_RES = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*$")
-
-
-def parse_resolution(text: str) -> tuple[int, int]:
-    """'640x480' -> (640, 480); sizes between 16 and 8192."""
-    match = _RES.match(str(text))
-    if not match:
-        raise ValueError(f"resolution must look like 640x480, got {text!r}")
-    width, height = int(match.group(1)), int(match.group(2))
-    if not (16 <= width <= 8192 and 16 <= height <= 8192):
-        raise ValueError(f"resolution {width}x{height} outside 16..8192")
-    return width, height
+DEFAULTS = SimSettings()
 
 
 def _check_resolutions(values: list[str]) -> str | None:
@@ -51,17 +40,20 @@ def _check_resolutions(values: list[str]) -> str | None:
 
 
 SPECS = [
-    ParamSpec("rate_hz", 10.0, "Camera/LiDAR frame rate.", low=0.2, high=60.0),
-    ParamSpec("encoding", "rgb8", "Camera image encoding.", choices=("rgb8", "bgr8")),
-    ParamSpec("resolutions", ["320x240", "640x480", "1280x720"], "Camera resolution schedule (WIDTHxHEIGHT), "
+    ParamSpec("rate_hz", DEFAULTS.rate_hz, "Camera/LiDAR frame rate.", low=0.2, high=60.0),
+    ParamSpec("encoding", DEFAULTS.encoding, "Camera image encoding.", choices=("rgb8", "bgr8")),
+    ParamSpec("resolutions", list(DEFAULTS.resolutions), "Camera resolution schedule (WIDTHxHEIGHT), "
               "cycled in order.", kind="string_array", check=_check_resolutions),
-    ParamSpec("resolution_period_s", 5.0, "Seconds spent at each resolution.", low=0.1, high=86400.0),
-    ParamSpec("camera_frame_id", "camera_optical_frame", "frame_id of the image and CameraInfo."),
-    ParamSpec("lidar_frame_id", "lidar", "frame_id of the point cloud."),
-    ParamSpec("lidar_beams", 16, "LiDAR vertical beams.", low=1, high=128),
-    ParamSpec("lidar_azimuth_steps", 512, "Mean LiDAR horizontal samples per beam (varies +-20% per frame).",
-              low=8, high=8192),
-    ParamSpec("pedestrians", 4, "Number of pedestrians in the scene.", low=0, high=5),
+    ParamSpec("resolution_period_s", DEFAULTS.resolution_period_s, "Seconds spent at each resolution.",
+              low=0.1, high=86400.0),
+    ParamSpec("camera_frame_id", DEFAULTS.camera_frame_id, "frame_id of the image and CameraInfo."),
+    ParamSpec("lidar_frame_id", DEFAULTS.lidar_frame_id, "frame_id of the point cloud."),
+    ParamSpec("lidar_beams", DEFAULTS.lidar_beams, "LiDAR vertical beams.", low=1, high=128),
+    ParamSpec("lidar_azimuth_steps", DEFAULTS.lidar_azimuth_steps,
+              "Mean LiDAR horizontal samples per beam (varies +-20% per frame).", low=8, high=8192),
+    ParamSpec("pedestrians", DEFAULTS.pedestrians, "Number of pedestrians in the scene.", low=0, high=5),
+    ParamSpec("seed", DEFAULTS.seed, "Scene seed: where the pedestrians are along their walk, and the LiDAR "
+              "noise (dynnet sim --record --seed N writes the same scenes).", low=0, high=2**31 - 1),
     ParamSpec("enabled", True, "Publish frames."),
 ]
 
@@ -86,7 +78,7 @@ class SensorSim(Node):
         self._render_ms = 0.0
         self._timer = self.create_timer(1.0 / self.params["rate_hz"], self._tick)
         # own group (second executor thread): slow 1280x720 frames must not starve the 1 Hz status
-        self.create_timer(1.0, self._publish_diagnostics, callback_group=MutuallyExclusiveCallbackGroup())
+        steady_timer(self, 1.0, self._publish_diagnostics, MutuallyExclusiveCallbackGroup())
 
     def _on_set(self, parameters):
         updates = {}
@@ -104,10 +96,14 @@ class SensorSim(Node):
             self._timer = self.create_timer(1.0 / updates["rate_hz"], self._tick)
         return SetParametersResult(successful=True)
 
-    def current_resolution(self, elapsed: float) -> tuple[int, int]:
-        schedule = self.params["resolutions"]
-        index = int(elapsed // self.params["resolution_period_s"]) % len(schedule)
-        return parse_resolution(schedule[index])
+    def settings(self) -> SimSettings:
+        """The frame-shaping parameters in force, as the ROS-free renderer takes them."""
+        p = self.params
+        return SimSettings(rate_hz=p["rate_hz"], encoding=p["encoding"], resolutions=tuple(p["resolutions"]),
+                           resolution_period_s=p["resolution_period_s"], camera_frame_id=p["camera_frame_id"],
+                           lidar_frame_id=p["lidar_frame_id"], lidar_beams=int(p["lidar_beams"]),
+                           lidar_azimuth_steps=int(p["lidar_azimuth_steps"]), pedestrians=int(p["pedestrians"]),
+                           seed=int(p["seed"]))
 
     def _tick(self) -> None:
         try:
@@ -120,36 +116,19 @@ class SensorSim(Node):
         if not self.params["enabled"]:
             return
         start = time.perf_counter()
-        elapsed = time.monotonic() - self._t0
-        width, height = self.current_resolution(elapsed)
-        world = scene.make_scene(elapsed, count=int(self.params["pedestrians"]))
-        rgb, _ = scene.render_camera(world, width, height, frame=self._frame)
-        base_steps = int(self.params["lidar_azimuth_steps"])
-        steps = max(8, int(base_steps * (0.8 + 0.4 * ((self._frame * 37) % 11) / 10.0)))
-        points = scene.scan_lidar(world, beams=int(self.params["lidar_beams"]), azimuth_steps=steps,
-                                  seed=self._frame)
+        settings = self.settings()
+        frame = render_frame(settings, self._frame, time.monotonic() - self._t0)
         stamp = self.get_clock().now().to_msg()
-        cam_header = Header(stamp=stamp, frame_id=self.params["camera_frame_id"])
-        encoding = self.params["encoding"]
-        image = rgb if encoding == "rgb8" else rgb[:, :, ::-1]
-        self.info_pub.publish(self._camera_info(cam_header, width, height))
-        self.image_pub.publish(array_to_image(image, encoding, cam_header))
-        self.cloud_pub.publish(xyzi_to_cloud(points, Header(stamp=stamp, frame_id=self.params["lidar_frame_id"])))
+        cam_header = Header(stamp=stamp, frame_id=settings.camera_frame_id)
+        info = CameraInfo(header=cam_header, width=frame.width, height=frame.height,
+                          **camera_info_fields(frame.camera_matrix))
+        self.info_pub.publish(info)
+        self.image_pub.publish(array_to_image(frame.image, settings.encoding, cam_header))
+        self.cloud_pub.publish(xyzi_to_cloud(frame.points, Header(stamp=stamp, frame_id=settings.lidar_frame_id)))
         self._frame += 1
-        self._last_points = len(points)
-        self._resolution = (width, height)
+        self._last_points = len(frame.points)
+        self._resolution = (frame.width, frame.height)
         self._render_ms = (time.perf_counter() - start) * 1e3
-
-    @staticmethod
-    def _camera_info(header: Header, width: int, height: int) -> CameraInfo:
-        k = scene.camera_matrix(width, height)
-        info = CameraInfo(header=header, width=width, height=height, distortion_model="plumb_bob")
-        info.d = [0.0] * 5
-        info.k = [float(v) for v in k.ravel()]
-        info.r = [1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]
-        info.p = [float(k[0, 0]), 0.0, float(k[0, 2]), 0.0, 0.0, float(k[1, 1]), float(k[1, 2]), 0.0,
-                  0.0, 0.0, 1.0, 0.0]
-        return info
 
     def _publish_diagnostics(self) -> None:
         res = getattr(self, "_resolution", None)
@@ -163,13 +142,7 @@ class SensorSim(Node):
             "rss_mb": process_memory().rss_mb,
         }
         level, message = (diag.OK, "publishing") if self.params["enabled"] else (diag.OK, "disabled")
-        status = diag.make_status(f"{self.get_name()}: sensor simulator", self.get_fully_qualified_name(),
-                                  level, message, values)
-        try:
-            self.diag_pub.publish(diag.make_array(self.get_clock().now().to_msg(), [status]))
-        except Exception:  # noqa: BLE001 — racing Ctrl-C
-            if self.context.ok():
-                raise
+        diag.publish(self, self.diag_pub, [diag.node_status(self, "sensor simulator", level, message, values)])
 
 
 def main(args: list[str] | None = None) -> int:

@@ -60,7 +60,7 @@ def resize_bilinear(image: np.ndarray, height: int, width: int) -> np.ndarray:
     if height <= 0 or width <= 0:
         raise ValueError(f"resize target must be positive, got {height}x{width}")
     if image.ndim == 2:
-        out = np.empty((height, width), dtype=np.float32)
+        out: np.ndarray = np.empty((height, width), dtype=np.float32)
         resize_plane_into(image, out)
         return out
     out = np.empty((height, width, image.shape[2]), dtype=np.float32)

@@ -1,6 +1,8 @@
 """Backend names -> executor factories, with availability checks."""
 from __future__ import annotations
 
+from typing import Mapping
+
 import onnx
 
 from dynnet_ros.engine.backends.base import Executor
@@ -32,9 +34,10 @@ def load_for_backend(backend: str, model) -> onnx.ModelProto:
 
 
 def create_executor(backend: str, model: onnx.ModelProto, *, threads: int | None = None,
-                    layout: str = "nchwc") -> Executor:
+                    layout: str = "nchwc", input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> Executor:
     """The in-memory executor of ``backend``; ``layout`` (cpu backend): "nchwc" where that
-    rewrite applies, else the model as given; "as-given" always plans the model as given."""
+    rewrite applies, else the model as given; "as-given" always plans the model as given.
+    ``input_shapes`` (cpu backend): the input size the plan is weighed at (default: 640 px)."""
     reasons = available_backends()
     if backend not in reasons:
         raise ValueError(f"unknown backend '{backend}'; choose one of {sorted(reasons)}")
@@ -43,5 +46,5 @@ def create_executor(backend: str, model: onnx.ModelProto, *, threads: int | None
     if backend == "tensorrt":  # options: DYNNET_TRT_* environment (docs/tensorrt.md)
         return TensorRTExecutor(model, threads=threads)
     if backend == "cpu":
-        return create_planned_executor(model, threads=threads, layout=layout)
+        return create_planned_executor(model, threads=threads, layout=layout, input_shapes=input_shapes)
     return OrtExecutor(model, threads=threads)

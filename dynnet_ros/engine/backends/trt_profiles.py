@@ -225,7 +225,7 @@ def _partition(cost: np.ndarray, groups: int) -> list[tuple[int, int]]:
     """Contiguous partition of 0..n-1 into <= ``groups`` segments of least total cost (DP)."""
     n = len(cost)
     best = cost[0].copy()                  # best[j]: least cost covering 0..j so far
-    layers = [np.zeros(n, dtype=np.int64)]  # per layer: start of the last segment, -1 = unchanged
+    layers: list[np.ndarray] = [np.zeros(n, dtype=np.int64)]  # per layer: start of the last segment, -1 = unchanged
     for _ in range(1, min(groups, n)):
         prev = np.concatenate(([np.inf], best[:-1]))  # cover of 0..i-1 before a segment at i
         total = prev[:, None] + cost                   # [i, j]; inf where i > j

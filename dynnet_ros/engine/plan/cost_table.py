@@ -37,7 +37,7 @@ from dynnet_ros.settings import settings
 
 log = logging.getLogger(__name__)
 
-COST_VERSION = 3
+COST_VERSION = 4
 _BATCHES = 3
 
 

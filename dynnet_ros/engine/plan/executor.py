@@ -82,6 +82,15 @@ class NothingToSave(ValueError):
         self.choice = choice
 
 
+class CutsChosen(Exception):
+    """The cut choice made under ``PlannerOptions.decide_only``: the model is to be cut (``choice``
+    is None where the cost model did not run). Not a ValueError: nothing failed."""
+
+    def __init__(self, choice: CutChoice | None) -> None:
+        super().__init__("cut set chosen" if choice is None else choice.reason)
+        self.choice = choice
+
+
 def _names_read(node: onnx.NodeProto) -> list[str]:
     """Inputs of ``node`` and every name its subgraphs read (an If's branch weights)."""
     names = list(node_inputs(node))
@@ -163,7 +172,7 @@ class PlannedExecutor:
         self.skeleton = skeleton
         self.reference_sizes = self._reference_sizes()
         self._input_sizes = {n: int(np.prod(shape, dtype=np.int64)) * self._itemsize(n)  # graph inputs
-                             for n, shape in reference_shapes(self.graph, opts.reference_side).items()}
+                             for n, shape in self._reference_inputs(opts.reference_side).items()}
         self.order = self._execution_order()
         self.segments = self._choose_partition()
         if opts.max_segment_weight_bytes:
@@ -172,6 +181,8 @@ class PlannedExecutor:
         self.cut_choice: CutChoice | None = None
         if opts.cost_model and opts.shared_weights is None and not opts.max_segment_weight_bytes:
             self.cut_choice = self._choose_cuts()
+        if opts.decide_only:
+            raise CutsChosen(self.cut_choice)
         self._check_boundary_types()
         self.branch_runners = self._build_branch_runners(weights)
         if self._stem is not None:
@@ -462,16 +473,23 @@ class PlannedExecutor:
         sizes = [self.reference_sizes.get(n, self._input_sizes.get(n)) for n in names]
         return max((1 << 62 if s is None else s) for s in sizes) if sizes else 0
 
+    def _reference_inputs(self, side: int) -> dict[str, tuple[int, ...]]:
+        """Input shapes the plan is sized at: ``options.reference_shapes`` where given (the size a
+        node will feed), every other input with its dynamic dims at ``side``."""
+        given = self.options.reference_shapes or {}
+        return {name: tuple(int(d) for d in given[name]) if name in given else shape
+                for name, shape in reference_shapes(self.graph, side).items()}
+
     def _reference_sizes(self) -> dict[str, int | None]:
         names = [o for node in self.graph.nodes for o in node.output if o]
         for side in (self.options.reference_side, 512, 320, 224):
             try:
-                shapes = self.shape_source.shapes(reference_shapes(self.graph, side), names)
+                shapes = self.shape_source.shapes(self._reference_inputs(side), names)
             except ValueError:
                 continue
             sizes = {n: (None if s is None else int(np.prod(s, dtype=np.int64)) * self._itemsize(n))
                      for n, s in shapes.items()}
-            self._limit_shape_fallback(reference_shapes(self.graph, side), sizes)
+            self._limit_shape_fallback(self._reference_inputs(side), sizes)
             return sizes
         return {n: None for n in names}
 
@@ -514,7 +532,7 @@ class PlannedExecutor:
         """Plan the reference signature once so lazy imports and first-call costs are paid at load,
         not by the first inference (keeps first-run latency near steady state)."""
         try:
-            self.plan_for(reference_shapes(self.graph, self.options.reference_side))
+            self.plan_for(self._reference_inputs(self.options.reference_side))
         except ValueError:
             plan_offsets([(0, 1, 64), (0, 2, 64)])
 

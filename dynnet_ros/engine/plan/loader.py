@@ -84,17 +84,23 @@ def _string_entry(key: str, value: str) -> bytes:
     return _len_field(1, key.encode()) + _len_field(2, value.encode())
 
 
+#: packed TensorProto fields whose payload is the tensor's little-endian bytes, as raw_data would
+#: hold them: float_data of a FLOAT tensor, double_data of a DOUBLE one (PaddlePaddle's exporter
+#: writes its weights as float_data)
+_PACKED_AS_RAW = {4: onnx.TensorProto.FLOAT, 10: onnx.TensorProto.DOUBLE}
+
+
 def _tensor_without_data(buf, start: int, end: int, location: str) -> bytes:
     """Re-encode one TensorProto with its big raw_data replaced by an external-data reference."""
+    fields = list(_fields(buf, start, end))
+    data_type = next((_varint(buf, pstart)[0] for number, wire, _, pstart, _ in fields
+                      if number == 2 and wire == 0), 0)
     kept = bytearray()
     raw = None
-    data_type = 0
-    for number, wire, fstart, pstart, pend in _fields(buf, start, end):
-        if number == 9 and wire == 2:
+    for number, wire, fstart, pstart, pend in fields:
+        if wire == 2 and (number == 9 or _PACKED_AS_RAW.get(number) == data_type):
             raw = (pstart, pend)
             continue
-        if number == 2 and wire == 0:
-            data_type, _ = _varint(buf, pstart)
         kept += buf[fstart:pend]
     if raw is None:
         return bytes(buf[start:end])
@@ -107,23 +113,84 @@ def _tensor_without_data(buf, start: int, end: int, location: str) -> bytes:
     return bytes(kept)
 
 
+def _constant_tensor(buf, start: int, end: int) -> tuple[str, tuple[int, int]] | None:
+    """(output name, TensorProto span) of a NodeProto that is an ONNX ``Constant`` with a ``value``
+    tensor of one output; None for any other node."""
+    outputs, op_type, domain, tensor = [], b"", b"", None
+    for number, wire, _, pstart, pend in _fields(buf, start, end):
+        if wire != 2:
+            continue
+        if number == 2:
+            outputs.append(bytes(buf[pstart:pend]).decode())
+        elif number == 4:
+            op_type = bytes(buf[pstart:pend])
+        elif number == 7:
+            domain = bytes(buf[pstart:pend])
+        elif number == 5:  # AttributeProto: name (1), t (5)
+            name, span = b"", None
+            for anum, awire, _, apstart, apend in _fields(buf, pstart, pend):
+                if anum == 1 and awire == 2:
+                    name = bytes(buf[apstart:apend])
+                elif anum == 5 and awire == 2:
+                    span = (apstart, apend)
+            if name != b"value" or span is None:
+                return None  # a Constant given by value_float(s)/ints/string/sparse_value: small
+            tensor = span
+    if op_type != b"Constant" or domain not in (b"", b"ai.onnx") or tensor is None or len(outputs) != 1:
+        return None
+    return outputs[0], tensor
+
+
+def _graph_outputs(buf, start: int, end: int) -> set[str]:
+    names = set()
+    for number, wire, _, pstart, pend in _fields(buf, start, end):
+        if number == 12 and wire == 2:  # GraphProto.output: ValueInfoProto, name (1)
+            names |= {bytes(buf[s:e]).decode() for n, w, _, s, e in _fields(buf, pstart, pend) if n == 1 and w == 2}
+    return names
+
+
+def _ir_version(buf) -> int:
+    return next((_varint(buf, pstart)[0] for number, wire, _, pstart, _ in _fields(buf, 0, len(buf))
+                 if number == 1 and wire == 0), 0)
+
+
 def skeleton_bytes(path: str) -> bytes:
-    """The model file's bytes with big initializer payloads replaced by references into ``path``."""
+    """The model file's bytes with big initializer payloads replaced by references into ``path``.
+
+    Top-level ``Constant`` nodes holding a big tensor (how paddle2onnx stores weights) become
+    initializers with the same reference: the same values under the same name, held by no Python
+    object, and weights the planner and the streamed-weights store treat like any other. Inside
+    ``If``/``Loop`` bodies they stay as they are: the streamed-weights store writes subgraphs
+    as they come, and a reference there would point beside its own file."""
     location = os.path.basename(path)
     with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        hoist = _ir_version(buf) >= 4  # older IR versions require every initializer to be a graph input
         out = bytearray()
         for number, wire, fstart, pstart, pend in _fields(buf, 0, len(buf)):
-            if number != 7 or wire != 2:  # ModelProto.graph
+            if number == 7 and wire == 2:  # ModelProto.graph
+                out += _len_field(7, _graph_skeleton(buf, pstart, pend, location, hoist))
+            else:
                 out += buf[fstart:pend]
-                continue
-            graph = bytearray()
-            for gnum, gwire, gfstart, gpstart, gpend in _fields(buf, pstart, pend):
-                if gnum == 5 and gwire == 2:  # GraphProto.initializer
-                    graph += _len_field(5, _tensor_without_data(buf, gpstart, gpend, location))
-                else:
-                    graph += buf[gfstart:gpend]
-            out += _len_field(7, bytes(graph))
         return bytes(out)
+
+
+def _graph_skeleton(buf, start: int, end: int, location: str, hoist: bool) -> bytes:
+    """The top-level GraphProto with its big tensors as references (see ``skeleton_bytes``)."""
+    graph = bytearray()
+    outputs = _graph_outputs(buf, start, end)
+    for number, wire, fstart, pstart, pend in _fields(buf, start, end):
+        constant = _constant_tensor(buf, pstart, pend) if hoist and number == 1 and wire == 2 else None
+        if constant is not None and constant[0] not in outputs:
+            name, (tstart, tend) = constant
+            tensor = _tensor_without_data(buf, tstart, tend, location)
+            if tensor != bytes(buf[tstart:tend]):  # externalised: big enough to be a weight
+                graph += _len_field(5, tensor + _len_field(8, name.encode()))  # TensorProto.name: last wins
+                continue
+        if number == 5 and wire == 2:  # GraphProto.initializer
+            graph += _len_field(5, _tensor_without_data(buf, pstart, pend, location))
+        else:
+            graph += buf[fstart:pend]
+    return bytes(graph)
 
 
 def skeleton_proto(path: str) -> onnx.ModelProto:

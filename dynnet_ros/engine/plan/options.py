@@ -24,6 +24,10 @@ class PlannerOptions:
     granularity: str = "choose"            # choose (cheaper of auto/fine, see _choose_partition) | auto | fine | coarse
     small_bytes: int = 64 * 1024           # tensors below this stay inside a segment
     reference_side: int = 640              # symbol value used to size tensors when partitioning
+    # Input shapes to size tensors at instead (name -> shape; inputs not named: reference_side):
+    # the size a node will feed, e.g. 48-pixel text lines, where a 640-pixel square would weigh
+    # every cut at a size the model never sees.
+    reference_shapes: Mapping[str, tuple[int, ...]] | None = None
     plan_cache_size: int = 16              # shape signatures whose plans are kept (LRU)
     optimization_level: str = "extended"   # onnxruntime level inside segments: disabled | basic | extended | all
     segment_arena: bool = False            # onnxruntime's own BFC arena inside each segment session
@@ -69,6 +73,9 @@ class PlannerOptions:
     memory_target: float = 0.6             # activation peak the cut choice aims at, x onnxruntime's
     fallback_min_saving: float = 0.1       # below this saving of onnxruntime's activations: one session
     cost_table: CostTable | None = None    # None: this machine's measured table (plan/cost_table.py)
+    # Stop right after the cut choice, before any session exists, raising CutsChosen (or
+    # NothingToSave): how backends/cut_verdict.py's child process decides without building.
+    decide_only: bool = False
 
 
 #: onnxruntime's graph optimisation level for each ``PlannerOptions.optimization_level`` name.

@@ -104,6 +104,25 @@ def single_image_input(info: ModelInfo) -> TensorInfo | str:
     return images[0]
 
 
+def image_and_output(info: ModelInfo, out: TensorInfo | str) -> TensorInfo | Fit:
+    """``out`` (the output a format decodes, or why the model has none) when the model has one
+    image input and that output, else the failed Fit saying which is missing."""
+    image = single_image_input(info)
+    if isinstance(image, str):
+        return no(image)
+    return no(out) if isinstance(out, str) else out
+
+
+def dense_map_fit(info: ModelInfo, out: TensorInfo | str, reason: str) -> Fit:
+    """The fit of a format with one image in and one dense map out (``out``, as for
+    ``image_and_output``); ``reason`` says why it fits, ``{out}`` standing for the output."""
+    found = image_and_output(info, out)
+    if isinstance(found, Fit):
+        return found
+    why = dense_map(found)
+    return no(why) if why else Fit(True, reason.format(out=found.describe()), BY_SHAPE)
+
+
 def required_image_input(info: ModelInfo) -> TensorInfo:
     """The model's one image input; ValueError with the reason where there is not exactly one."""
     found = single_image_input(info)

@@ -9,12 +9,10 @@ from typing import Sequence
 
 from dynnet_ros.perception.formats.base import (
     BY_NAME,
-    BY_SHAPE,
     Fit,
-    dense_map,
+    dense_map_fit,
     no,
     required_image_input,
-    single_image_input,
 )
 from dynnet_ros.perception.model_info import ModelInfo, TensorInfo
 from dynnet_ros.perception.preprocess import IMAGENET_MEAN, IMAGENET_STD, PreprocessDefaults
@@ -42,14 +40,7 @@ class DepthFormat:
         return info.outputs[0]
 
     def fit(self, info: ModelInfo, names: Sequence[str] | None) -> Fit:
-        image = single_image_input(info)
-        if isinstance(image, str):
-            return no(image)
-        out = self.output(info)
-        why = dense_map(out)
-        if why:
-            return no(why)
-        return Fit(True, f"one image input, dense output {out.describe()}", BY_SHAPE)
+        return dense_map_fit(info, self.output(info), "one image input, dense output {out}")
 
 
 class MetricDepth(DepthFormat):

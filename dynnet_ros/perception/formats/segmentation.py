@@ -11,10 +11,10 @@ from dynnet_ros.perception.formats.base import (
     BY_SHAPE,
     Fit,
     batchless,
-    dense_map,
+    dense_map_fit,
+    image_and_output,
     no,
     required_image_input,
-    single_image_input,
     spatial_check,
 )
 from dynnet_ros.perception.model_info import ModelInfo, TensorInfo, static
@@ -71,12 +71,9 @@ class ClassLogits(SegmentationFormat):
     multiclass = True
 
     def fit(self, info: ModelInfo, names: Sequence[str] | None) -> Fit:
-        image = single_image_input(info)
-        if isinstance(image, str):
-            return no(image)
-        out = self.output(info)
-        if isinstance(out, str):
-            return no(out)
+        out = image_and_output(info, self.output(info))
+        if isinstance(out, Fit):
+            return out
         channels = class_count(out) if out.rank == 4 else None
         if channels is None or channels < 2:
             return no(f"output {out.describe()} is not [1, C, H, W] with a fixed C >= 2")
@@ -93,16 +90,7 @@ class BinaryMap(SegmentationFormat):
     summary = "one channel [1, 1, H, W] or [1, H, W] of probabilities, or logits (sigmoid when values leave [0, 1])"
 
     def fit(self, info: ModelInfo, names: Sequence[str] | None) -> Fit:
-        image = single_image_input(info)
-        if isinstance(image, str):
-            return no(image)
-        out = self.output(info)
-        if isinstance(out, str):
-            return no(out)
-        why = dense_map(out)
-        if why:
-            return no(why)
-        return Fit(True, f"output {out.describe()}: one channel", BY_SHAPE)
+        return dense_map_fit(info, self.output(info), "output {out}: one channel")
 
 
 class ZooLane(BinaryMap):

@@ -8,7 +8,7 @@ from fractions import Fraction
 import numpy as np
 from onnx import TensorProto
 
-from ..expr import Dim, Expr, add, ceildiv, dmax, dmin, floordiv, mul, sub
+from ..expr import Dim, Expr, add, ceildiv, dmax, dmin, floordiv, is_nonneg, mul, sub
 from ..lattice import TensorInfo, nac, shaped
 from ..registry import Ctx, ShapeError, register
 from ._util import broadcast_dim, broadcast_shapes, norm_axis, same_shape, to_array
@@ -29,7 +29,12 @@ def window_out(d: Dim, k: int, s: int, dil: int, pb: Dim, pe: Dim, auto_pad: str
         pb = pe = 0  # onnxruntime's pools: VALID is NOTSET without padding (ceil_mode included)
     span = add(add(d, pb), pe)
     if not ceil_mode:
-        return add(floordiv(sub(span, dk), s), 1)
+        out = add(floordiv(sub(span, dk), s), 1)
+        if pool and not is_nonneg(sub(span, dk)):
+            # onnxruntime's pools truncate toward zero: a window overhanging the padded input by
+            # less than a stride still gives one output (_window requires no more overhang)
+            return dmax(out, 1)
+        return out
     out = add(ceildiv(sub(span, dk), s), 1)
     # the last window must start inside the (head-padded) input
     if isinstance(out, int) and isinstance(d, int) and isinstance(pb, int):
@@ -46,12 +51,13 @@ def _window(ctx: Ctx, sp: tuple, kernel: list[int], pool: bool) -> tuple:
     auto_pad = ctx.attr("auto_pad", "NOTSET")
     ceil_mode = bool(ctx.attr("ceil_mode", 0)) if pool else False
     if pool and not ceil_mode and auto_pad in ("NOTSET", "VALID"):
-        # onnxruntime truncates (not floors) when the window is larger than the padded
-        # input; RDP's answer holds where the window fits, and bind() checks that
+        # onnxruntime truncates (not floors) where the window overhangs the padded input: by
+        # less than a stride that is one output (window_out); by a stride or more its NCHWc
+        # pooling kernels crash the process (SIGFPE), so that shape is refused
         for i in range(n_sp):
             pe = (pads[i] + pads[i + n_sp]) if auto_pad == "NOTSET" else 0
-            ctx.require_nonneg(sub(add(sp[i], pe), (kernel[i] - 1) * dil[i] + 1),
-                               "pooling window larger than the padded input")
+            ctx.require_nonneg(sub(add(sp[i], pe), (kernel[i] - 1) * dil[i] + 1 - (strides[i] - 1)),
+                               "pooling window overhangs the padded input by a stride or more")
     return tuple(window_out(sp[i], kernel[i], strides[i], dil[i], pads[i], pads[i + n_sp], auto_pad, ceil_mode, pool)
                  for i in range(n_sp))
 

@@ -2,7 +2,8 @@
 
 Why here and not in the nodes: the LiDAR-to-camera extrinsic (six values or a 4x4, the tf
 conventions) is easy to get subtly wrong, so it lives where unit tests reach it without a ROS
-graph. Letterboxing and projection onto pixels belong to the perception cores
+graph, and the simulator's scene (``sim/scene.py``, used by the bag writer too) states its
+mount with it. Letterboxing and projection onto pixels belong to the perception cores
 (``perception/letterbox.py``, ``perception/projection.py``).
 """
 from __future__ import annotations

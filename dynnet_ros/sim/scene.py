@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
-from dynnet_ros.nodes.geometry import matrix_to_rpy
+from dynnet_ros.geometry import matrix_to_rpy
 
 CAMERA_HEIGHT = 1.5               # metres above the road
 LIDAR_POSITION = (0.2, 0.0, 1.8)  # in the vehicle frame
@@ -24,6 +25,7 @@ ROAD_HALF_WIDTH = 5.25            # ... and road edges at +-5.25 m
 MARK_WIDTH = 0.15
 DASH_LENGTH, DASH_PERIOD = 3.0, 9.0
 SPEED = 8.0                       # m/s: the dashes move toward the camera
+GOLDEN_ANGLE = 2.399963229728653  # radians: per-seed phase step, so no two small seeds share a walk
 
 # rotation taking vehicle-frame vectors to camera-optical vectors
 R_OPT_FROM_VEH = np.array([[0.0, -1.0, 0.0], [0.0, 0.0, -1.0], [1.0, 0.0, 0.0]])
@@ -74,12 +76,13 @@ class Scene:
 _COLORS = [(0.85, 0.25, 0.2), (0.2, 0.45, 0.85), (0.9, 0.75, 0.15), (0.6, 0.3, 0.7), (0.2, 0.7, 0.4)]
 
 
-def make_scene(t: float, count: int = 4) -> Scene:
-    """Deterministic function of time: pedestrians pace across the road at fixed distances."""
+def make_scene(t: float, count: int = 4, seed: int = 0) -> Scene:
+    """Deterministic function of time and seed: pedestrians pace across the road at fixed
+    distances; the seed shifts where along their walk they are."""
     peds = []
     for i in range(count):
         x = 8.0 + 6.0 * i
-        y = 4.0 * math.sin(0.35 * t + 1.7 * i)
+        y = 4.0 * math.sin(0.35 * t + 1.7 * i + GOLDEN_ANGLE * seed)
         peds.append(Pedestrian(x=x, y=y, width=0.6, height=1.75 - 0.05 * i, color=_COLORS[i % len(_COLORS)]))
     return Scene(t=t, pedestrians=peds)
 
@@ -182,11 +185,12 @@ def render_camera(scene: Scene, width: int, height: int, *, frame: int = 0) -> t
 
 
 def scan_lidar(scene: Scene, *, beams: int = 16, azimuth_steps: int = 512, max_range: float = 60.0,
-               seed: int = 0) -> np.ndarray:
+               seed: int | Sequence[int] = 0) -> np.ndarray:
     """LiDAR returns as an (N, 4) float32 array x, y, z, intensity in the LiDAR frame.
 
     The point count varies frame to frame: rays into the sky or past `max_range` give no return,
-    and `azimuth_steps` is the scan's horizontal resolution.
+    and `azimuth_steps` is the scan's horizontal resolution. `seed` (numpy's: an int or a
+    sequence of ints) draws the range noise.
     """
     elevation = np.radians(np.linspace(-24.0, 2.0, beams))
     half = math.radians(HFOV_DEG / 2.0 + 10.0)

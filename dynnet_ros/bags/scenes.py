@@ -1,0 +1,143 @@
+"""The simulator's frames as bag messages: CameraInfo, Image and PointCloud2 in CDR, no ROS graph.
+
+Why: tests and users need a bag made by our own code (``dynnet sim --record``) that replays into
+the graph exactly like the live ``sensor_sim`` node feeds it. Frames come from the same renderer
+(``sim/frames.render_frame``) with the same topics, frame_ids, encodings and field layouts
+(``layouts.py``); only the clock differs: frame ``i`` is stamped ``start_ns + i / rate_hz``
+instead of the wall clock, so the same settings and seed always give the same bag.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+from rosbags.typesys.store import Typestore
+
+from dynnet_ros.bags.writer import SENSOR_DATA_QOS, BagWriter, TopicQos, standard_typestore
+from dynnet_ros.layouts import (
+    HOST_BIG_ENDIAN,
+    POINT_FIELD_FLOAT32,
+    XYZI_DTYPE,
+    XYZI_FIELDS,
+    pack_image,
+    pack_xyzi,
+    xyzi_dense,
+)
+from dynnet_ros.sim.frames import SimFrame, SimSettings, camera_info_fields, render_frame
+
+#: stamp of frame 0 (2024-01-01T00:00:00Z): fixed, so a bag depends only on its settings and seed
+DEFAULT_START_NS = 1_704_067_200 * 10**9
+
+IMAGE_TOPIC, INFO_TOPIC, CLOUD_TOPIC = "/camera/image_raw", "/camera/camera_info", "/lidar/points"
+#: topic -> (message type, QoS), the topics the sensor_sim node publishes (no namespace)
+SIM_TOPICS: dict[str, tuple[str, TopicQos]] = {
+    INFO_TOPIC: ("sensor_msgs/msg/CameraInfo", SENSOR_DATA_QOS),
+    IMAGE_TOPIC: ("sensor_msgs/msg/Image", SENSOR_DATA_QOS),
+    CLOUD_TOPIC: ("sensor_msgs/msg/PointCloud2", SENSOR_DATA_QOS),
+}
+
+
+@dataclass(frozen=True)
+class BagMessage:
+    topic: str
+    stamp_ns: int
+    data: bytes  # CDR
+
+
+def frame_stamp_ns(settings: SimSettings, index: int, start_ns: int = DEFAULT_START_NS) -> int:
+    """Stamp (and bag time) of frame ``index``: evenly spaced at the simulator's rate."""
+    return start_ns + round(index * 1e9 / settings.rate_hz)
+
+
+def frame_count(settings: SimSettings, *, frames: int | None = None, duration_s: float | None = None) -> int:
+    """Frames to write: ``frames`` itself, or as many as the simulator publishes in ``duration_s``
+    (frame 0 at t = 0). ValueError unless exactly one is given and it is positive."""
+    if (frames is None) == (duration_s is None):
+        raise ValueError("give the number of frames or a duration (one of them)")
+    if frames is not None:
+        if frames <= 0:
+            raise ValueError(f"frames must be positive, got {frames}")
+        return frames
+    assert duration_s is not None
+    if duration_s <= 0:
+        raise ValueError(f"duration must be positive, got {duration_s}")
+    return max(1, int(duration_s * settings.rate_hz + 1e-9))
+
+
+class SceneSerializer:
+    """Builds each frame's three messages with rosbags' types and serialises them to CDR."""
+
+    def __init__(self, settings: SimSettings, typestore: Typestore | None = None,
+                 start_ns: int = DEFAULT_START_NS) -> None:
+        self.settings = settings
+        self.start_ns = start_ns
+        self.typestore = typestore or standard_typestore()
+        types = self.typestore.types
+        self._time = types["builtin_interfaces/msg/Time"]
+        self._header = types["std_msgs/msg/Header"]
+        self._image = types["sensor_msgs/msg/Image"]
+        self._info = types["sensor_msgs/msg/CameraInfo"]
+        self._roi = types["sensor_msgs/msg/RegionOfInterest"]
+        self._cloud = types["sensor_msgs/msg/PointCloud2"]
+        self._field = types["sensor_msgs/msg/PointField"]
+
+    def _header_at(self, stamp_ns: int, frame_id: str):
+        return self._header(stamp=self._time(sec=stamp_ns // 10**9, nanosec=stamp_ns % 10**9), frame_id=frame_id)
+
+    def messages(self, frame: SimFrame) -> list[BagMessage]:
+        """CameraInfo, Image, PointCloud2 of one frame, in the order the node publishes them."""
+        s = self.settings
+        stamp = frame_stamp_ns(s, frame.index, self.start_ns)
+        camera = self._header_at(stamp, s.camera_frame_id)
+        calib = camera_info_fields(frame.camera_matrix)
+        info = self._info(header=camera, height=frame.height, width=frame.width,
+                          distortion_model=calib["distortion_model"],
+                          d=np.asarray(calib["d"], dtype=np.float64), k=np.asarray(calib["k"], dtype=np.float64),
+                          r=np.asarray(calib["r"], dtype=np.float64), p=np.asarray(calib["p"], dtype=np.float64),
+                          binning_x=0, binning_y=0,
+                          roi=self._roi(x_offset=0, y_offset=0, height=0, width=0, do_rectify=False))
+        pixels, step = pack_image(frame.image, s.encoding)
+        image = self._image(header=camera, height=frame.height, width=frame.width, encoding=s.encoding,
+                            is_bigendian=int(HOST_BIG_ENDIAN), step=step,
+                            data=np.frombuffer(pixels.tobytes(), dtype=np.uint8))
+        packed = pack_xyzi(frame.points)
+        fields = [self._field(name=name, offset=4 * i, datatype=POINT_FIELD_FLOAT32, count=1)
+                  for i, name in enumerate(XYZI_FIELDS)]
+        cloud = self._cloud(header=self._header_at(stamp, s.lidar_frame_id), height=1, width=len(packed),
+                            fields=fields, is_bigendian=HOST_BIG_ENDIAN, point_step=XYZI_DTYPE.itemsize,
+                            row_step=XYZI_DTYPE.itemsize * len(packed),
+                            data=np.frombuffer(packed.tobytes(), dtype=np.uint8), is_dense=xyzi_dense(packed))
+        serialize = self.typestore.serialize_cdr
+        return [BagMessage(INFO_TOPIC, stamp, bytes(serialize(info, SIM_TOPICS[INFO_TOPIC][0]))),
+                BagMessage(IMAGE_TOPIC, stamp, bytes(serialize(image, SIM_TOPICS[IMAGE_TOPIC][0]))),
+                BagMessage(CLOUD_TOPIC, stamp, bytes(serialize(cloud, SIM_TOPICS[CLOUD_TOPIC][0])))]
+
+
+def scene_messages(settings: SimSettings, count: int, *, start_ns: int = DEFAULT_START_NS,
+                   typestore: Typestore | None = None) -> Iterator[list[BagMessage]]:
+    """The messages of frames 0..count-1, one frame at a time (nothing is held beyond a frame)."""
+    serializer = SceneSerializer(settings, typestore, start_ns)
+    for index in range(count):
+        yield serializer.messages(render_frame(settings, index, index / settings.rate_hz))
+
+
+def record_scenes(path: str | Path, settings: SimSettings, count: int, *, storage: str = "mcap",
+                  start_ns: int = DEFAULT_START_NS,
+                  on_frame: Callable[[int], None] | None = None) -> dict[str, int]:
+    """Write ``count`` simulator frames into a new bag at ``path``; returns messages per topic.
+
+    ``on_frame(index)`` is called after each frame is written (a progress bar). An error or an
+    interrupt removes the partial bag.
+    """
+    with BagWriter(path, storage=storage) as bag:
+        for topic, (msgtype, qos) in SIM_TOPICS.items():
+            bag.add_topic(topic, msgtype, qos)
+        for index, messages in enumerate(scene_messages(settings, count, start_ns=start_ns,
+                                                        typestore=bag.typestore)):
+            for message in messages:
+                bag.write(message.topic, message.stamp_ns, message.data)
+            if on_frame is not None:
+                on_frame(index)
+        return dict(bag.counts)

@@ -1,0 +1,141 @@
+"""Play a bag into the ROS graph: its messages as recorded (raw CDR), and its time on /clock.
+
+The ROS half of ``dynnet replay`` (and ``dynnet demo --bag``); the bag itself is read, checked and
+paced by the ROS-free ``dynnet_ros.bags``. Messages go out as the serialized bytes the bag holds
+(rclpy publishes ``bytes`` as a serialized message), so playing costs no message objects and
+the headers' stamps are exactly the recorded ones. The graph's nodes run with
+``use_sim_time``: /clock carries the bag's time from the first message on, and keeps running at
+the replay rate after the last one until the player closes, so the nodes' timers (diagnostics,
+budget profiles) keep ticking while they finish their last frames.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+import rclpy
+from rclpy.node import Node
+from rclpy.publisher import Publisher
+from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from rclpy.signals import SignalHandlerOptions
+from rosgraph_msgs.msg import Clock
+
+from dynnet_ros.bags.pacing import NS, Pacing, Step
+from dynnet_ros.bags.topics import PlayedTopic, TopicPlan
+from dynnet_ros.nodes.message_types import message_class
+
+#: message packages whose topics are sensor streams: best-effort sensor-data QoS, as drivers publish them
+SENSOR_PACKAGES = ("sensor_msgs",)
+#: other topics: reliable, the rclpy default depth
+DEFAULT_QOS = QoSProfile(depth=10)
+#: /clock: one sample, reliable (matches rclpy's best-effort /clock subscription and reliable ones)
+CLOCK_QOS = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE)
+
+
+def topic_qos(topic: PlayedTopic) -> QoSProfile:
+    return qos_profile_sensor_data if topic.msgtype.split("/")[0] in SENSOR_PACKAGES else DEFAULT_QOS
+
+
+def ns_to_time(stamp_ns: int) -> tuple[int, int]:
+    return stamp_ns // NS, stamp_ns % NS
+
+
+class BagPlayer:
+    """Publishers for a plan's topics and /clock on a node of its own (its own rclpy context,
+    no signal handlers: the command handles Ctrl-C). Nothing to spin: it only publishes and
+    asks the graph who subscribes."""
+
+    def __init__(self, plan: TopicPlan, pacing: Pacing, name: str = "dynnet_replay") -> None:
+        self.plan = plan
+        self.pacing = pacing
+        self.context = rclpy.Context()
+        rclpy.init(context=self.context, signal_handler_options=SignalHandlerOptions.NO)
+        self.node: Node = rclpy.create_node(name, context=self.context)
+        self._clock = self.node.create_publisher(Clock, "/clock", CLOCK_QOS)
+        self._publishers: dict[str, Publisher] = {}
+        for topic in plan.played:
+            cls = message_class(topic.msgtype)
+            if cls is None:  # plan_topics was given message_class, so only a broken install gets here
+                raise ValueError(f"message type {topic.msgtype} of {topic.source} is not importable")
+            self._publishers[topic.target] = self.node.create_publisher(cls, topic.target, topic_qos(topic))
+        self.published: Counter[str] = Counter()  # target topic -> messages published
+        self.clock_ns: int | None = None  # the last /clock value published
+        self.passes = 0
+
+    def subscribed(self, node: str) -> bool:
+        """Whether the fully qualified ``node`` subscribes to any of the played topics."""
+        namespace, _, name = node.rpartition("/")
+        try:
+            topics = self.node.get_subscriber_names_and_types_by_node(name, namespace or "/")
+        except Exception:  # noqa: BLE001 — rclpy raises NodeNameNonExistentError until the node is up
+            return False
+        return any(topic in self._publishers for topic, _types in topics)
+
+    def wait_for_nodes(self, nodes: Iterable[str], stop: threading.Event, timeout_s: float,
+                       alive: Callable[[], bool] = lambda: True) -> list[str]:
+        """Wait until every node in ``nodes`` subscribes to a played topic (a model node does
+        once its model is loaded); returns those that did not within ``timeout_s``."""
+        waiting = list(nodes)
+        deadline = time.monotonic() + timeout_s
+        while waiting and not stop.is_set() and alive() and time.monotonic() < deadline:
+            waiting = [n for n in waiting if not self.subscribed(n)]
+            if waiting:
+                stop.wait(0.2)
+        return waiting
+
+    def wait_for_subscribers(self, stop: threading.Event, timeout_s: float) -> None:
+        """Wait until every played topic has a subscriber, for at most ``timeout_s``: DDS takes a
+        moment to match a new publisher with running subscribers, and what is published before
+        that reaches nobody."""
+        deadline = time.monotonic() + timeout_s
+        while (not stop.is_set() and time.monotonic() < deadline
+               and any(p.get_subscription_count() == 0 for p in self._publishers.values())):
+            stop.wait(0.05)
+
+    def publish_clock(self, stamp_ns: int) -> None:
+        sec, nanosec = ns_to_time(stamp_ns)
+        msg = Clock()
+        msg.clock.sec, msg.clock.nanosec = sec, nanosec
+        self._clock.publish(msg)
+        self.clock_ns = stamp_ns
+
+    def play(self, steps: Iterable[Step], stop: threading.Event,
+             on_step: Callable[[Step], None] | None = None) -> bool:
+        """Publish each step at its time (late steps at once, never skipped); True when every
+        step went out, False when ``stop`` was set first."""
+        t0 = time.monotonic()
+        for step in steps:
+            delay = t0 + step.at_s - time.monotonic()
+            if delay > 0 and stop.wait(delay):
+                return False
+            if stop.is_set():
+                return False
+            self.publish_clock(step.clock_ns)
+            if step.message is not None:
+                self._publishers[step.message.topic].publish(step.message.data)
+                self.published[step.message.topic] += 1
+            self.passes = step.loop + 1
+            if on_step is not None:
+                on_step(step)
+        return True
+
+    def keep_clock(self, stop: threading.Event, seconds: float | None) -> None:
+        """Keep /clock advancing from its last value at the replay rate, ``pacing.clock_hz`` times
+        a second, for ``seconds`` (None: until ``stop``)."""
+        if self.clock_ns is None:
+            return
+        base, t0, period = self.clock_ns, time.monotonic(), 1.0 / self.pacing.clock_hz
+        while not stop.wait(period):
+            elapsed = time.monotonic() - t0
+            self.publish_clock(base + round(elapsed * self.pacing.rate * NS))
+            if seconds is not None and elapsed >= seconds:
+                return
+
+    def close(self) -> None:
+        try:
+            self.node.destroy_node()
+        finally:
+            if self.context.ok():
+                rclpy.shutdown(context=self.context)

@@ -1,0 +1,270 @@
+"""`dynnet replay BAG`: run the vehicle graph on a recorded bag instead of the simulator.
+
+The graph starts as `dynnet up --no-sim` starts it, with ``use_sim_time: true`` on every node;
+once every model node subscribes (its model is loaded) the bag plays: its camera, CameraInfo and
+LiDAR topics (and any other topic whose type ROS knows) as recorded, paced by the bag's
+timestamps / ``--rate``, with /clock carrying the bag's time. With ``--no-graph`` only the
+playing happens, into whatever graph is running (as ``ros2 bag play`` would).
+
+The bag is opened and its topics checked before anything starts, so a missing, truncated or
+corrupt bag, a requested topic it lacks or a sensor topic of the wrong type is one error line
+(exit status 2); damage found halfway through the bag stops the replay with the same line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from dynnet_ros.bags.pacing import Pacing, Step, loop_period_ns, paced_steps
+from dynnet_ros.bags.reader import BAG_FORMS, Bag
+from dynnet_ros.bags.topics import Remap, TopicPlan, parse_remap
+from dynnet_ros.commands import CommandError, arguments
+from dynnet_ros.commands.bag_player import BagPlayer
+from dynnet_ros.commands.up import GraphRunner, StopRequest, load_config
+from dynnet_ros.graph_config import GraphConfig, fq_node_name, recorder_process
+from dynnet_ros.nodes.message_types import message_class
+from dynnet_ros.nodes.recorder import wait_for_recorder
+
+NAME = "replay"
+HELP = "play a rosbag2 (sqlite3/MCAP) or ROS 1 bag into the vehicle graph on the bag's time (/clock)"
+
+#: executables that subscribe to the sensor topics: playing starts once each of them does
+SENSOR_CONSUMERS = ("lane_node", "pedestrian_node", "depth_node", "recorder")
+#: a graph whose model nodes do not all subscribe within this long ends the replay with status 1
+STARTUP_TIMEOUT_S = 240.0
+#: how long playing waits, with --record, for the recorder to follow every topic of the graph
+RECORDER_WAIT_S = 30.0
+#: how long playing waits for the played topics' subscribers to be matched (a topic nobody reads holds it this long)
+DISCOVERY_WAIT_S = 2.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("bag", nargs="?", default=None, metavar="BAG", help=f"the bag: {BAG_FORMS}")
+    parser.add_argument("--rate", type=arguments.positive_float, default=1.0, metavar="R",
+                        help="bag seconds per wall second (default 1; 0.5 = half speed)")
+    parser.add_argument("--loop", action="store_true", help="play the bag again and again until Ctrl-C")
+    parser.add_argument("--topics", nargs="+", default=None, metavar="T",
+                        help="play only these bag topics (default: every topic whose type ROS knows)")
+    parser.add_argument("--remap", nargs="+", type=remap_rule, default=[], metavar="FROM:=TO",
+                        help="publish bag topic FROM as TO (e.g. /front/image_raw:=/camera/image_raw)")
+    parser.add_argument("--config", type=arguments.existing_file, default=None,
+                        help="graph description (default: the package's config/vehicle.yaml)")
+    parser.add_argument("--namespace", type=arguments.ros_namespace, default="", metavar="NS",
+                        help="run the graph under NS and publish the bag's topics under it (/clock stays global)")
+    parser.add_argument("--no-graph", action="store_true",
+                        help="start no nodes: play into a graph that is already running")
+    parser.add_argument("--linger", type=arguments.positive_float, default=5.0, metavar="S",
+                        help="seconds the graph keeps running after the last message, /clock still advancing, "
+                             "so the nodes finish their last frames (default 5)")
+    parser.add_argument("--record", type=arguments.bag_output, default=None, metavar="OUT",
+                        help="record the played topics and every output of the graph on the bag's time: OUT.mcap = "
+                             "one MCAP file, any other name = a rosbag2 directory (docs/bags.md)")
+    parser.add_argument("--json", type=arguments.output_file, default=None, metavar="FILE",
+                        help="write what was played (messages per topic, passes, exit codes) as JSON")
+
+
+def remap_rule(text: str) -> Remap:
+    """``FROM:=TO`` (argparse type)."""
+    try:
+        return parse_remap(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def open_checked(path: str, topics: list[str] | None = None, remaps: tuple[Remap, ...] = (), namespace: str = "",
+                 loop: bool = False) -> tuple[Bag, TopicPlan]:
+    """The bag and what of it plays, both checked (ValueError naming the bag otherwise)."""
+    bag = Bag(path)
+    try:
+        plan = bag.plan(topics, remaps, namespace, type_available=lambda msgtype: message_class(msgtype) is not None)
+        if loop:
+            loop_period_ns(bag.start_ns, bag.end_ns)
+    except ValueError:
+        bag.close()
+        raise
+    return bag, plan
+
+
+def model_nodes(runner: GraphRunner) -> list[str]:
+    """Fully qualified names of the graph's nodes that consume the sensor topics."""
+    return [fq_node_name(n) for n in runner.nodes if n.executable in SENSOR_CONSUMERS]
+
+
+class Supervision:
+    """Calls ``runner.supervise()`` every 0.2 s on a thread (restarts crashed nodes) while the
+    main thread plays the bag."""
+
+    def __init__(self, runner: GraphRunner) -> None:
+        self.runner = runner
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._done.wait(0.2):
+            self.runner.supervise()
+
+    def close(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=5.0)
+
+
+class BackgroundReplay:
+    """A bag played in a loop on a thread into a graph started with ``sim_time`` (``dynnet demo
+    --bag``): checked when made, playing once the graph's model nodes subscribe, until ``close``."""
+
+    def __init__(self, path: str, namespace: str = "") -> None:
+        self.bag, self.plan = open_checked(path, namespace=namespace, loop=True)
+        self.error: str | None = None  # damage found while playing (the bag's ValueError)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._player: BagPlayer | None = None
+
+    def start(self, runner: GraphRunner) -> None:
+        self._player = BagPlayer(self.plan, Pacing(loop=True), name="dynnet_demo_replay")
+        self._thread = threading.Thread(target=self._play, args=(self._player, model_nodes(runner)), daemon=True)
+        self._thread.start()
+
+    def _play(self, player: BagPlayer, nodes: list[str]) -> None:
+        try:
+            if not player.wait_for_nodes(nodes, self._stop, STARTUP_TIMEOUT_S):
+                player.wait_for_subscribers(self._stop, DISCOVERY_WAIT_S)
+                player.play(paced_steps(lambda: self.bag.messages(self.plan), self.bag.start_ns, self.bag.end_ns,
+                                        player.pacing), self._stop)
+        except ValueError as exc:
+            self.error = str(exc)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10.0)
+        if self._player is not None:
+            self._player.close()
+        self.bag.close()
+
+
+def play_with_progress(player: BagPlayer, bag: Bag, plan: TopicPlan, stop: threading.Event,
+                       console: Console) -> bool:
+    """Play the bag once (or until ``stop`` with ``--loop``) under a progress bar; True when it
+    was played to its end."""
+    pacing = player.pacing
+    total = None if pacing.loop else plan.message_count
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as progress:
+        bar = progress.add_task(f"replay {bag.path.name}", total=total)
+
+        def advance(step: Step) -> None:
+            if step.message is not None:
+                progress.update(bar, advance=1,
+                                description=f"replay {bag.path.name} (pass {step.loop + 1})" if pacing.loop else None)
+
+        steps = paced_steps(lambda: bag.messages(plan), bag.start_ns, bag.end_ns, pacing)
+        return player.play(steps, stop, advance)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.bag is None:
+        raise CommandError(f"give the BAG to play ({BAG_FORMS})")
+    if args.record is not None and args.no_graph:
+        raise CommandError("--record records the graph this command starts; it cannot be used with --no-graph")
+    os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")  # the player too, as the graph's nodes
+    config: GraphConfig | None = None if args.no_graph else load_config(args.config)
+    bag, plan = open_checked(args.bag, args.topics, tuple(args.remap), args.namespace, args.loop)
+    with bag:
+        pacing = Pacing(rate=args.rate, loop=args.loop)
+        for warning in plan.warnings():
+            print(f"dynnet replay: warning: {warning}", file=sys.stderr, flush=True)
+        return replay(args, bag, plan, pacing, config)
+
+
+def replay(args: argparse.Namespace, bag: Bag, plan: TopicPlan, pacing: Pacing, config: GraphConfig | None) -> int:
+    console = Console()
+    runner = None if config is None else GraphRunner(config, use_sim=False, namespace=args.namespace,
+                                                     ros_link=True, sim_time=True)
+    span_s = (bag.end_ns - bag.start_ns) / 1e9
+    target = "the ROS graph as it is (--no-graph: no nodes started)" if runner is None or config is None else \
+        f"{len(runner.nodes)} nodes from {config.source}"
+    print(f"dynnet replay: {bag.path}: {plan.message_count} messages on {len(plan.played)} topics over "
+          f"{span_s:.1f} s, at {pacing.rate:g}x{' in a loop' if pacing.loop else ''}, into {target}; Ctrl-C stops",
+          flush=True)
+    status, completed = 0, False
+    codes: dict[str, int] = {}
+    player = BagPlayer(plan, pacing)
+    if runner is not None and args.record is not None:  # what the graph and the player publish, on the bag's time
+        runner.nodes.append(recorder_process(runner.namespace, args.record, "mcap",
+                                             [fq_node_name(n) for n in runner.nodes]
+                                             + [player.node.get_fully_qualified_name()], sim_time=True))
+    supervision: Supervision | None = None
+    with StopRequest() as stop:
+        try:
+            if runner is not None:
+                graph = runner
+                graph.start()
+                supervision = Supervision(graph)
+                waiting = model_nodes(graph)
+                print(f"dynnet replay: waiting for {', '.join(waiting) or 'no model node'} to subscribe", flush=True)
+                missing = player.wait_for_nodes(waiting, stop.event, STARTUP_TIMEOUT_S,
+                                                alive=lambda: not graph.all_down())
+                if missing and not stop.event.is_set():
+                    print(f"dynnet replay: failure: {', '.join(missing)} did not subscribe to the bag's topics within "
+                          f"{STARTUP_TIMEOUT_S:.0f} s", file=sys.stderr, flush=True)
+                    status = 1
+                if status == 0 and args.record is not None:
+                    _wait_for_recorder(graph, player, stop.event)
+            if status == 0 and not stop.event.is_set():
+                player.wait_for_subscribers(stop.event, DISCOVERY_WAIT_S)
+                completed = play_with_progress(player, bag, plan, stop.event, console)
+                if completed and runner is not None:
+                    player.keep_clock(stop.event, args.linger)
+        finally:
+            if supervision is not None:
+                supervision.close()
+            if runner is not None:
+                codes = runner.stop()
+            player.close()
+    print(f"dynnet replay: {'played' if completed else 'stopped'}: "
+          + ", ".join(f"{topic} {count}" for topic, count in sorted(player.published.items())), flush=True)
+    if runner is not None:
+        status = max(status, int(runner.report_failures("dynnet replay")))
+    if args.json is not None:
+        Path(args.json).write_text(json.dumps(summary(bag, plan, player, completed, codes), indent=2, sort_keys=True))
+    return status
+
+
+def _wait_for_recorder(graph: GraphRunner, player: BagPlayer, stop: threading.Event) -> None:
+    """Hold the bag until the recorder subscribes to every topic the graph and the player publish,
+    so the recording starts with the first played frame and its outputs."""
+    recorder = next(fq_node_name(n) for n in graph.nodes if n.executable == "recorder")
+    others = [fq_node_name(n) for n in graph.nodes if n.executable != "recorder"]
+    missing = wait_for_recorder(player.node, recorder, [*others, player.node.get_fully_qualified_name()],
+                                stop, RECORDER_WAIT_S)
+    if missing is None or missing:
+        what = "the recorder is not up" if missing is None else \
+            f"the recorder does not subscribe to {', '.join(missing)} yet"
+        print(f"dynnet replay: warning: {what} after {RECORDER_WAIT_S:.0f} s; the recording may miss the first "
+              "messages", file=sys.stderr, flush=True)
+
+
+def summary(bag: Bag, plan: TopicPlan, player: BagPlayer, completed: bool, codes: dict[str, int]) -> dict[str, Any]:
+    return {
+        "bag": str(bag.path),
+        "start_ns": bag.start_ns,
+        "end_ns": bag.end_ns,
+        "rate": player.pacing.rate,
+        "loop": player.pacing.loop,
+        "completed": completed,
+        "passes": player.passes,
+        "topics": {t.target: {"source": t.source, "type": t.msgtype, "role": t.role, "in_bag": t.count,
+                              "published": player.published[t.target]} for t in plan.played},
+        "skipped": dict(plan.skipped),
+        "last_clock_ns": player.clock_ns,
+        "exit_codes": codes,
+    }

@@ -1,0 +1,5 @@
+"""Live view: the graph's images and detections as Foxglove messages, served on loopback.
+
+ROS-free (numpy and foxglove-sdk only), so the conversions are unit-tested without a graph;
+``dynnet_ros.nodes.foxglove_view`` is the thin ROS adapter that feeds them.
+"""
