@@ -1,7 +1,7 @@
 """Map-and-Conquer's system model against the stage runtime on this machine: predicted vs measured.
 
     python bench/mapper_accuracy.py [--model multiexit] [--size 128x128] [--frames 8] [--rounds 5]
-                                    [--repeats 3] [--json FILE]
+                                    [--repeats 3] [--json FILE] [--keep]
 
 Three stage sets of the model — depth-wise at its exits, a width split (2 stages, P 0.5/0.5) without
 feature reuse and one where stage 1 reuses stage 0's features — each under several mappings onto
@@ -21,7 +21,9 @@ times, at the exit rates the calibration of those frames gives,
   a contention factor for two units running at once, a slowdown of the parts' own times) fitted
   to the *other* mappings (leave one out), so no mapping's prediction saw its own measurement.
 
-Prints a row per mapping and the MAPE of each prediction; ``--json`` writes them all.
+Prints a row per mapping and the MAPE of each prediction; ``--json`` writes them all; ``--keep``
+keeps the costs fitted on all mappings where ``dynnet map search`` on this machine finds them
+(``mapper.runtime_cache``).
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ from dynnet_ros.mapper.calibration import (
     part_graph,
     part_info,
     predict,
+    relative_errors,
     time_parts,
 )
 from dynnet_ros.mapper.hardware import load_hardware
@@ -51,6 +54,9 @@ from dynnet_ros.mapper.mapping import StageAssignment, StageMapping
 from dynnet_ros.mapper.model_search import calibrate
 from dynnet_ros.mapper.partition import Partition, parse_partition
 from dynnet_ros.mapper.runtime import StageExecutor
+from dynnet_ros.mapper.runtime_cache import KeptCosts, costs_file, write_costs
+from dynnet_ros.mapper.system_model import RuntimeCosts
+from dynnet_ros.settings import settings
 from dynnet_ros.zoo import ensure_model
 
 NEVER = 2.0   # above every confidence: the exit never answers
@@ -161,6 +167,7 @@ def analyse(raw: dict[str, Any], infos: dict[str, Any]) -> dict[str, Any]:
     per_set = {name: {key: float(np.mean([r[f"error_{key}"] for r in rows if r["stages"] == name]))
                       for key in ("alone", "calibrated")} for name in infos}
     return dict(raw, fitted_on_all=asdict(fitted_all),
+                mape_fitted_on_all=float(relative_errors(observations, hardware, fitted_all).mean()),
                 mape=mape, mape_per_stage_set=per_set, rows=rows)
 
 
@@ -174,6 +181,9 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     parser.add_argument("--reuse", default=None, metavar="JSON",
                         help="analyse the measurements of an earlier --json instead of measuring again")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the costs fitted on all mappings for later `dynnet map search` runs on "
+                             "this machine (DYNNET_MAP_DIR)")
     args = parser.parse_args()
     if args.reuse:
         with open(args.reuse) as f:
@@ -195,6 +205,13 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
+    if args.keep:
+        hardware = load_hardware("this-machine")
+        path = costs_file(settings().cache.map_dir, hardware)
+        write_costs(path, KeptCosts(RuntimeCosts(**result["fitted_on_all"]), hardware.name,
+                                    f"bench/mapper_accuracy.py, {len(result['rows'])} mappings of {result['model']}",
+                                    len(result["rows"]), result["mape_fitted_on_all"]))
+        print(f"kept the costs fitted on all mappings for later searches on this machine: {path}")
 
 
 if __name__ == "__main__":

@@ -47,7 +47,8 @@ VARIABLES: tuple[Variable, ...] = (
              "onnxruntime's blocked-layout rewrite of each model, and onnx-checker verdicts (`checked/`)"),
     Variable("DYNNET_SWAP_DIR", "path", "`~/.cache/dynnet_ros/swap`", "streamed weight files"),
     Variable("DYNNET_MAP_DIR", "path", "`~/.cache/dynnet_ros/map`",
-             "`dynnet map profile` measurements; `dynnet map search` results for `mapping: auto`"),
+             "`dynnet map profile` measurements; `dynnet map search` results for `mapping: auto`; runtime costs "
+             "fitted by `dynnet map search --measure`, per hardware"),
     Variable("DYNNET_PLAN_PROFILE", "choice", "`memory`",
              "planner profile of the `cpu` backend: `memory` (least peak) or `balanced` (fewer, larger sessions)"),
     Variable("DYNNET_TRT_PRECISION", "choice", "`fp32`",

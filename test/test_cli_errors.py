@@ -98,6 +98,8 @@ CASES: dict[str, list[tuple[list[str], str]]] = {
         (["--profile", A_FILE, "--prefer", "speed"], "argument --prefer"),
         (["--profile", A_FILE, "--memory-mb", "npu=10"], "has no unit 'npu'"),
         (["--profile", A_FILE, "--memory-mb", "cpu0=x"], "--memory-mb cpu0=x"),
+        (["--profile", A_FILE, "--runtime-costs", A_FILE], "argument --runtime-costs"),
+        (["--profile", A_FILE, "--runtime-costs", "missing.json"], "cannot read it"),
     ],
     "dynnet map show": [
         ([], "give the JSON file"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -117,6 +118,10 @@ def test_cache_round_trip_and_damage(tmp_path):
     assert loaded.rule == stored.rule and loaded.size == "64x64"
     assert [c.to_json() for c in loaded.candidates] == [c.to_json() for c in stored.candidates]
     assert math.isinf(loaded.candidates[0].thresholds[0])
+    assert loaded.runtime_costs is None
+    costs = {"runtime_costs": {"handoff_ms": 2.0}, "calibrated": True, "runtime_costs_source": "a test"}
+    write_choices(path, replace(stored, runtime_costs=costs))
+    assert load_choices(path).runtime_costs == costs
     path.write_text("{not json")
     with pytest.raises(ValueError, match="not JSON"):
         load_choices(path)
@@ -180,6 +185,7 @@ def test_map_search_caches_candidates_that_reproduce_its_pick(tmp_path, monkeypa
     assert data["search_cache"] == str(path)
     stored = load_choices(path)
     assert stored.rule == Constraints({}, None, "balanced", 0.5) and stored.size == "64x64"
+    assert stored.runtime_costs is not None and stored.runtime_costs["calibrated"] is False   # none kept
     assert all(c.memory_mb and all(mb > 0 for _, mb in c.memory_mb) for c in stored.candidates)
     again = pick_within(stored, stored.rule).candidate
     assert again.to_json() == stored.pick.to_json() and dict(again.assignment) == data["pick"]["assignment"]

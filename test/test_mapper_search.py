@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from dynnet_ros.mapper.choices import load_choices
 from dynnet_ros.mapper.hardware import load_hardware, parse_hardware
 from dynnet_ros.mapper.profile_io import parse_csv
 from dynnet_ros.mapper.search import (
@@ -183,7 +185,9 @@ def test_model_search_pick_runs_in_the_stage_runtime(tmp_path, monkeypatch):
     assert list(data["pick"]["assignment"]) == ["stage0", "stage1", "stage2"]
     assert 0 < data["measured"]["min_ms"] <= data["measured"]["mean_ms"] and data["measured"]["frames"] == 15
     assert data["measured"]["predicted_calibrated_ms"] > 0 and data["measured"]["calibrated_error"] >= 0
-    assert data["runtime_costs"]["slowdown"] > 0 and data["runtime_costs"]["contention"] >= 1
+    held_out = data["measured"]["runtime_costs"]
+    assert held_out["slowdown"] > 0 and held_out["contention"] >= 1
+    assert data["calibrated"] is False and data["runtime_costs"]["handoff_ms"] == 0    # nothing kept yet
     assert abs(sum(data["measured"]["exit_rates"]) - 1) < 1e-9
     measured = data["measured_baselines"]           # every single-unit mapping and the static split ran too
     assert {"cpu0-only", "static-split"} <= set(measured) and all(m["mean_ms"] > 0 for m in measured.values())
@@ -193,6 +197,17 @@ def test_model_search_pick_runs_in_the_stage_runtime(tmp_path, monkeypatch):
     assert [s.unit for s in loaded.stages] == list(data["pick"]["assignment"].values())
     assert yaml.safe_load(mapping.read_text())["hardware"] == "this-machine"
     assert list((tmp_path / "cache").glob("profile-*.csv"))      # cached per model + hardware
+    # the costs fitted to every measured mapping are kept for the hardware; the next search predicts with them
+    kept = data["runtime_costs_kept"]
+    assert kept["observations"] == 1 + len(measured) and Path(kept["file"]).is_file()
+    again = tmp_path / "again.json"
+    assert main(["map", "search", "zoo:multiexit", "--size", "32x32", "--frames", "3", "--repeats", "1",
+                 "--no-layers", "--generations", "2", "--population", "4", "--max-accuracy-drop", "1",
+                 "--json", str(again)]) == 0
+    second = json.loads(again.read_text())
+    assert second["calibrated"] is True and second["runtime_costs"] == kept["runtime_costs"]
+    assert kept["file"] in second["runtime_costs_source"]
+    assert load_choices(Path(second["search_cache"])).runtime_costs["runtime_costs"] == kept["runtime_costs"]
 
 
 def test_width_space_candidates_respect_shares_and_the_reuse_cap():

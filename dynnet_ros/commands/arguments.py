@@ -16,6 +16,8 @@ from dynnet_ros.bags.writer import check_output
 from dynnet_ros.commands import CommandError
 from dynnet_ros.engine.model_io import input_specs, load_model
 from dynnet_ros.graph_config import validate_namespace
+from dynnet_ros.mapper.runtime_cache import read_costs_file
+from dynnet_ros.mapper.system_model import RuntimeCosts
 from dynnet_ros.sim.frames import parse_resolution
 from dynnet_ros.zoo import MODEL_NAMES
 
@@ -223,6 +225,17 @@ def existing_file(text: str) -> Path:
     if not path.is_file():
         raise _Error(f"{text}: no such file")
     return path
+
+
+def runtime_costs(text: str) -> tuple[str, RuntimeCosts]:
+    """``none`` (the paper's model: no runtime costs) or a JSON file of runtime costs
+    (``mapper.runtime_cache.read_costs_file``); (where they came from, the costs)."""
+    if text == "none":
+        return "--runtime-costs none", RuntimeCosts()
+    try:
+        return f"--runtime-costs {text}", read_costs_file(Path(text))
+    except ValueError as exc:
+        raise _Error(str(exc)) from None
 
 
 def check_input_shapes(model_path: str, shapes: list[tuple[str, tuple[int, ...]]]) -> None:

@@ -14,7 +14,7 @@ from dynnet_ros.commands import CommandError, arguments
 from dynnet_ros.commands._search_inputs import cached_profile, frames, model_stages
 from dynnet_ros.engine.backends.trt_cache import model_sha256
 from dynnet_ros.engine.rdp import analyze
-from dynnet_ros.mapper.calibration import Observation, contention_matters, fit_runtime_costs
+from dynnet_ros.mapper.calibration import Observation, contention_matters, fit_runtime_costs, relative_errors
 from dynnet_ros.mapper.choices import (
     Constraints,
     SearchChoices,
@@ -37,8 +37,10 @@ from dynnet_ros.mapper.partition import WidthSpec
 from dynnet_ros.mapper.plot import plot_pareto
 from dynnet_ros.mapper.profile_io import combine, read_profile
 from dynnet_ros.mapper.profiler import measure_stages, stage_feeds
+from dynnet_ros.mapper.runtime_cache import KeptCosts, costs_file, search_costs, write_costs
 from dynnet_ros.mapper.search import NEVER, PREFER, ChainSpace, StageSpace, pick, run_search
 from dynnet_ros.mapper.stages import StageSet
+from dynnet_ros.mapper.system_model import RuntimeCosts
 from dynnet_ros.mapper.width import width_stages
 from dynnet_ros.settings import settings
 
@@ -75,6 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--measure", action="store_true",
                         help="run the pick and the baselines in the stage runtime on the calibration frames: "
                              "measured vs predicted")
+    parser.add_argument("--runtime-costs", type=arguments.runtime_costs, default=None, metavar="FILE|none",
+                        help="runtime costs to predict with: a JSON file (dispatch_ms, contention, slowdown, "
+                             "handoff_ms) or none (the paper's model); default: those the last --measure run "
+                             "fitted on this hardware, if any")
     parser.add_argument("--memory-mb", action="append", default=[], metavar="UNIT=MB",
                         help="memory a unit may hold for this model's stages (e.g. the budget manager's share; "
                              "repeatable; default: the hardware file's memory_mb)")
@@ -94,10 +100,14 @@ def run(args: argparse.Namespace) -> int:
                            f"(one per unit of {hardware.name}; stages run side by side on distinct units)")
     report: dict = {"hardware": hardware.name, "hardware_source": hardware.source}
     memory = _memory_limits(args.memory_mb, hardware)
+    map_dir = settings().cache.map_dir
+    used = search_costs(map_dir, hardware, args.runtime_costs)
+    report.update(used.to_json())
     extra = []
     if args.profile:
         profile = combine([read_profile(spec, hardware) for spec in args.profile], hardware)
-        space: ChainSpace | StageSpace | WidthSpace = ChainSpace(hardware, profile, deadline_ms=args.deadline_ms)
+        space: ChainSpace | StageSpace | WidthSpace = ChainSpace(hardware, profile, deadline_ms=args.deadline_ms,
+                                                                    runtime=used.costs)
         report.update(kind="chain", profile=[str(p) for p in args.profile], energy=profile.power_label())
         base_accuracy = 1.0
     else:
@@ -113,17 +123,22 @@ def run(args: argparse.Namespace) -> int:
         surrogate = fit_surrogate(profile, hardware, seed=args.seed)
         costs = stage_costs(stage_set, profile, hardware, size, calibration,
                             stage_feeds(stage_set, calibration_frames[0]), surrogate)
-        space = StageSpace(hardware, costs, calibration.exits, deadline_ms=args.deadline_ms, memory_mb=memory)
+        space = StageSpace(hardware, costs, calibration.exits, deadline_ms=args.deadline_ms, memory_mb=memory,
+                           runtime=used.costs)
         base_accuracy = calibration.exits.base_accuracy
         depth_set = stage_set
         if args.width is not None:
             extra.extend(space.baselines())
-            space, built = _width_space(args, model, hardware, calibration_frames, surrogate, profile.units, memory)
+            space, built = _width_space(args, model, hardware, calibration_frames, surrogate, profile.units, memory,
+                                        used.costs)
             base_accuracy = 1.0
         report.update(kind="stages", model=path, size=size, profile_cache=str(cache), energy=profile.power_label(),
                       calibration_frames=len(calibration_frames),
                       surrogate=[{"unit": a.unit, "r2": a.r2, "mape": a.mape} for a in
                                  (surrogate.report if surrogate is not None else ())])
+    if used.warning:
+        console.print(f"[yellow]warning:[/yellow] {used.warning}")
+    console.print(f"runtime costs: {used.source}")
     with Progress(TextColumn("NSGA-II"), BarColumn(), TextColumn("gen {task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, transient=True) as bar:
         task = bar.add_task("search", total=args.generations)
@@ -132,7 +147,8 @@ def run(args: argparse.Namespace) -> int:
     chosen = pick(result, args.prefer, args.max_accuracy_drop, base_accuracy)
     if isinstance(space, StageSpace):
         extra.append(space.static(chosen))
-        kept, cache = _keep_choices(path, hardware, size, base_accuracy, memory, args, result, chosen)
+        kept, cache = _keep_choices(path, hardware, size, base_accuracy, memory, args, result, chosen,
+                                    used.to_json())
         report["search_cache"] = str(cache)
         console.print(f"kept {kept} candidates for `mapping: auto` in {cache}")
     elif isinstance(space, WidthSpace):
@@ -180,6 +196,7 @@ def run(args: argparse.Namespace) -> int:
                           f"{report['measured_mape']:.1%}")
             if isinstance(space, StageSpace) and bases:
                 _calibrated_pick(space, chosen, bases, results, report, console)
+                _keep_runtime_costs(space, [chosen] + bases, results, path, map_dir, report, console)
     if args.png:
         title = f"{report.get('model', 'profile')} on {hardware.name} (energy {report['energy']})"
         plot_pareto(result, chosen, args.png, Path(title).name if "/" in title else title, extra)
@@ -189,12 +206,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _keep_choices(path: str, hardware, size: str, base_accuracy: float, memory: dict[str, float],
-                  args: argparse.Namespace, result, chosen) -> tuple[int, Path]:
+                  args: argparse.Namespace, result, chosen, runtime_costs: dict) -> tuple[int, Path]:
     """Cache the candidates a later pick under another budget may need (``mapper.choices``)."""
     model_bytes = Path(path).read_bytes()
     rule = Constraints(memory, args.deadline_ms, args.prefer, args.max_accuracy_drop)
     choices = SearchChoices(model_sha256(model_bytes), hardware.name, size, base_accuracy, rule,
-                            tuple(covering_set(result.everything)), chosen)
+                            tuple(covering_set(result.everything)), chosen, runtime_costs)
     cache = cache_file(settings().cache.map_dir, model_bytes, hardware)
     write_choices(cache, choices)
     return len(choices.candidates), cache
@@ -233,12 +250,30 @@ def _calibrated_pick(space: StageSpace, chosen, bases, results, report: dict, co
                                                       chosen.thresholds)
     predicted = calibrated.latency_ms
     measured = report["measured"]["min_ms"]
-    report["runtime_costs"] = asdict(fitted)
-    report["measured"].update(predicted_calibrated_ms=predicted, calibrated_error=abs(predicted - measured) / measured)
+    report["measured"].update(runtime_costs=asdict(fitted), predicted_calibrated_ms=predicted,
+                              calibrated_error=abs(predicted - measured) / measured)
     console.print(f"  runtime costs fitted to the baselines: dispatch {fitted.dispatch_ms:.3f} ms, handoff "
                   f"{fitted.handoff_ms:.3f} ms, slowdown {fitted.slowdown:.2f}, contention {fitted.contention:.2f}; "
                   f"the pick: predicted {predicted:.3f} ms, measured {measured:.3f} ms "
                   f"(error {report['measured']['calibrated_error']:.1%})")
+
+
+def _keep_runtime_costs(space: StageSpace, candidates: list, results: list[dict], model_path: str, map_dir: Path,
+                        report: dict, console: Console) -> None:
+    """Fit the runtime costs to every measured mapping (the pick's included) and keep them for
+    the hardware, so later searches on it predict with them (``mapper.runtime_cache``)."""
+    observations = [Observation(space.graph([u for _, u in c.assignment], dict(c.dvfs)), c.exit_rates, got["min_ms"])
+                    for c, got in zip(candidates, results)]
+    fitted = fit_runtime_costs(observations, space.hardware,
+                               None if contention_matters(observations, space.hardware) else [1.0])
+    mape = float(relative_errors(observations, space.hardware, fitted).mean())
+    kept = KeptCosts(fitted, space.hardware.name, f"dynnet map search --measure, {Path(model_path).name}",
+                     len(observations), mape)
+    path = costs_file(map_dir, space.hardware)
+    write_costs(path, kept)
+    report["runtime_costs_kept"] = dict(kept.to_json(), file=str(path))
+    console.print(f"  kept the runtime costs fitted to all {len(observations)} measured mappings (fit error "
+                  f"{mape:.1%}) for later searches on {space.hardware.name}: {path}")
 
 
 def _memory_limits(specs: list[str], hardware) -> dict[str, float]:
@@ -258,7 +293,7 @@ def _memory_limits(specs: list[str], hardware) -> dict[str, float]:
 
 
 def _width_space(args: argparse.Namespace, model, hardware, calibration_frames, surrogate, units,
-                 memory: dict[str, float]) -> tuple[WidthSpace, dict[str, StageSet]]:
+                 memory: dict[str, float], runtime: RuntimeCosts | None) -> tuple[WidthSpace, dict[str, StageSet]]:
     """The width-split space; each distinct (P, I) is built (probe exits fitted on the calibration
     frames), calibrated, and its stages timed on each unit (the cost model scales them to other
     DVFS levels)."""
@@ -279,5 +314,5 @@ def _width_space(args: argparse.Namespace, model, hardware, calibration_frames, 
                                measured, surrogate)
         return costs, calibration.exits
     space = WidthSpace(hardware, p_layers, i_layers, args.width, build, reuse_cap=args.reuse_cap,
-                       deadline_ms=args.deadline_ms, memory_mb=memory)
+                       deadline_ms=args.deadline_ms, memory_mb=memory, runtime=runtime)
     return space, built

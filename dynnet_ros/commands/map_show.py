@@ -41,6 +41,10 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     console.print(f"{data.get('kind', '?')} search on {data.get('hardware', '?')}, energy {data.get('energy', '?')}; "
                   f"{json.dumps(data.get('search', {}))}")
+    if "calibrated" in data:
+        costs = ", ".join(f"{k} {v:g}" for k, v in data.get("runtime_costs", {}).items())
+        model = f"runtime costs {costs}" if data["calibrated"] else "the paper's model (no runtime costs)"
+        console.print(f"predictions with {model}; {data.get('runtime_costs_source', '')}")
     table = Table("", "latency ms", "energy mJ", "accuracy", "assignment")
     _row(table, f"pick ({pick.get('rule', '')})", pick)
     for entry in baselines:

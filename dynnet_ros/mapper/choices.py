@@ -18,7 +18,6 @@ model on a hardware replaces the older one.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from pymoo.util.nds.non_dominated_sorting import NonDominatedSorting
 
+from .cache_files import read_json, write_json_atomic
 from .hardware import Hardware
 from .search import PREFER, Candidate, choose, pareto_front
 
@@ -75,6 +75,8 @@ class SearchChoices:
     rule: Constraints              # the search's own rule, deadline and memory limits
     candidates: tuple[Candidate, ...]
     pick: Candidate | None = None  # what the search itself picked under ``rule``
+    #: the runtime costs the candidates were predicted with (``runtime_cache.SearchCosts.to_json``)
+    runtime_costs: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.candidates:
@@ -86,6 +88,7 @@ class SearchChoices:
                 "rule": {"prefer": self.rule.prefer, "max_accuracy_drop": self.rule.max_accuracy_drop,
                          "deadline_ms": self.rule.deadline_ms, "memory_mb": dict(self.rule.unit_memory_mb)},
                 "pick": None if self.pick is None else self.pick.to_json(),
+                **({} if self.runtime_costs is None else {"runtime_costs": dict(self.runtime_costs)}),
                 "candidates": [c.to_json() for c in self.candidates]}
 
     @classmethod
@@ -99,8 +102,12 @@ class SearchChoices:
                                       float(rule["max_accuracy_drop"]))
             candidates = tuple(Candidate.from_json(c) for c in data["candidates"])
             chosen = None if data.get("pick") is None else Candidate.from_json(data["pick"])
+            costs = data.get("runtime_costs")
+            if costs is not None and not isinstance(costs, Mapping):
+                raise ValueError(f"runtime_costs: expected an object, got {costs!r}")
             return cls(str(data["model_digest"]), str(data["hardware"]), str(data["size"]),
-                       float(data["base_accuracy"]), constraints, candidates, chosen)
+                       float(data["base_accuracy"]), constraints, candidates, chosen,
+                       None if costs is None else dict(costs))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{where}: {exc}") from None
 
@@ -168,22 +175,10 @@ def cache_file(map_dir: Path, model_bytes: bytes, hardware: Hardware) -> Path:
 
 def write_choices(path: Path, choices: SearchChoices) -> None:
     """Write atomically (a node may be reading the previous result)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(choices.to_json(), indent=1))
-    partial.replace(path)
+    write_json_atomic(path, choices.to_json())
 
 
 def load_choices(path: Path) -> SearchChoices:
     """A cached search result; FileNotFoundError when there is none, ValueError when damaged."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        if isinstance(exc, FileNotFoundError):
-            raise
-        raise ValueError(f"search cache {path}: cannot read it ({exc.strerror or exc})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"search cache {path}: not JSON ({exc})") from None
+    data = read_json(path, "search cache")
     return SearchChoices.from_json(data, str(path))

@@ -25,6 +25,7 @@ from dynnet_ros.mapper.runtime import StageExecutor
 from dynnet_ros.mapper.search import Candidate, ExitTable, StageCosts, StageSpace
 from dynnet_ros.mapper.stages import StageSet
 from dynnet_ros.mapper.surrogate import LayerFeatures, Surrogate, samples_from_profile
+from dynnet_ros.mapper.system_model import RuntimeCosts
 
 #: Least share of a stage's layers that must pass the DLA pre-screen to map it to a DLA (the rest
 #: falls back to the GPU), as the TensorRT backend's own placement rule.
@@ -288,6 +289,7 @@ class WidthSpace:
     reuse_cap: float | None = None
     deadline_ms: float | None = None
     memory_mb: Mapping[str, float] = field(default_factory=dict)
+    runtime: RuntimeCosts | None = None   # the stage runtime's fitted costs (None: the paper's model)
 
     def __post_init__(self) -> None:
         if self.stages < 2:
@@ -345,7 +347,7 @@ class WidthSpace:
     def _inner(self, spec: WidthSpec) -> StageSpace:
         costs, exits = self._built(spec)
         return StageSpace(self.hardware, costs, exits, deadline_ms=self.deadline_ms, memory_mb=self.memory_mb,
-                          distinct_units=True)
+                          distinct_units=True, runtime=self.runtime)
 
     def decode(self, x: np.ndarray) -> Candidate:
         spec = self.spec(x)

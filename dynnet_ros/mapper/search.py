@@ -336,6 +336,7 @@ class ChainSpace:
     profile: Profile
     deadline_ms: float | None = None
     accounting: str = "oracle"
+    runtime: RuntimeCosts | None = None   # runtime costs on top of the measured groups (None: none)
 
     def __post_init__(self) -> None:
         self._layers = self.profile.layers
@@ -378,7 +379,7 @@ class ChainSpace:
             energy, _ = m.energy_mj(self.hardware)
             costs.append((layer, unit, m.latency_ms, energy, 0, m.transition_ms))
         graph = chain_graph(costs)
-        outcome = evaluate(graph, self.hardware, [1.0], self.accounting)
+        outcome = evaluate(graph, self.hardware, [1.0], self.accounting, self.runtime)
         used = tuple(dict.fromkeys(units))
         return Candidate(tuple(zip(self._layers, units)), tuple((u, levels[u]) for u in used), (),
                          outcome.latency_ms, outcome.energy_mj, 1.0, outcome.latency_ms, (1.0,), (), label)
