@@ -77,12 +77,16 @@ def tcp_port(text: str) -> int:
     return port
 
 
-def positive_float(text: str) -> float:
-    """A finite number > 0 (durations)."""
+def _number(text: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise _Error(f"{text!r} is not a number") from None
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (durations)."""
+    value = _number(text)
     if not value > 0 or value == float("inf"):
         raise _Error(f"{text} must be a positive number")
     return value
@@ -202,10 +206,7 @@ def existing_dir(text: str) -> Path:
 
 def fraction(text: str) -> float:
     """A number in [0, 1] (shares: an accuracy drop, a feature-reuse cap)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise _Error(f"{text!r} is not a number") from None
+    value = _number(text)
     if not 0.0 <= value <= 1.0:
         raise _Error(f"{text} must be between 0 and 1")
     return value
