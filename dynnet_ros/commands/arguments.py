@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from dynnet_ros.bags.writer import check_output
 from dynnet_ros.commands import CommandError
@@ -26,6 +28,8 @@ from dynnet_ros.zoo import MODEL_NAMES
 INPUT_MULTIPLE = 32
 
 _Error = argparse.ArgumentTypeError
+_In = TypeVar("_In")
+_Out = TypeVar("_Out")
 
 
 def model_spec(text: str) -> str:
@@ -75,6 +79,14 @@ def tcp_port(text: str) -> int:
     if port > 65535:
         raise _Error(f"{port} is not a TCP port (0..65535)")
     return port
+
+
+def _argument_error(check: Callable[[_In], _Out], value: _In) -> _Out:
+    """``check(value)``, its ValueError reported as argparse reports a refused argument."""
+    try:
+        return check(value)
+    except ValueError as exc:
+        raise _Error(str(exc)) from None
 
 
 def _number(text: str) -> float:
@@ -169,10 +181,7 @@ def output_file(text: str) -> Path:
 
 def bag_output(text: str) -> Path:
     """A bag to create: a new ``.mcap`` file or rosbag2 directory in a writable directory."""
-    try:
-        return check_output(text)
-    except ValueError as exc:
-        raise _Error(str(exc)) from None
+    return _argument_error(check_output, text)
 
 
 def camera_resolutions(text: str) -> tuple[str, ...]:
@@ -214,10 +223,7 @@ def fraction(text: str) -> float:
 
 def ros_namespace(text: str) -> str:
     """A ROS namespace: '' (none) or /name[/name...]; a missing leading slash is added."""
-    try:
-        return validate_namespace(text)
-    except ValueError as exc:
-        raise _Error(str(exc)) from None
+    return _argument_error(validate_namespace, text)
 
 
 def existing_file(text: str) -> Path:
@@ -233,10 +239,7 @@ def runtime_costs(text: str) -> tuple[str, RuntimeCosts]:
     (``mapper.runtime_cache.read_costs_file``); (where they came from, the costs)."""
     if text == "none":
         return "--runtime-costs none", RuntimeCosts()
-    try:
-        return f"--runtime-costs {text}", read_costs_file(Path(text))
-    except ValueError as exc:
-        raise _Error(str(exc)) from None
+    return f"--runtime-costs {text}", _argument_error(read_costs_file, Path(text))
 
 
 def check_input_shapes(model_path: str, shapes: list[tuple[str, tuple[int, ...]]]) -> None:
