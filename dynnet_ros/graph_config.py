@@ -87,8 +87,12 @@ class GraphConfig:
 
 
 def _param_value_ok(value: Any) -> bool:
+    """A ROS parameter value, or a nested mapping of them (a params file's nested keys name
+    dotted parameters, e.g. ``qos_overrides: {/camera/image_raw: {subscription: {depth: 1}}}``)."""
     if isinstance(value, (bool, int, float, str)):
         return True
+    if isinstance(value, dict) and value:
+        return all(isinstance(k, str) and k and _param_value_ok(v) for k, v in value.items())
     if isinstance(value, list) and value:
         kinds = {bool if isinstance(v, bool) else float if isinstance(v, (int, float)) else type(v) for v in value}
         return len(kinds) == 1 and kinds <= {bool, float, str}
@@ -156,8 +160,8 @@ def parse_graph(data: Any, source: str = "<memory>") -> GraphConfig:
             if not isinstance(key, str) or not _NAME.match(key.replace(".", "_")):
                 raise ValueError(f"{label}: bad parameter name {key!r}")
             if not _param_value_ok(value):
-                raise ValueError(f"{label}: parameter '{key}' must be a bool, number, string or a non-empty "
-                                 f"list of one of those, got {value!r}")
+                raise ValueError(f"{label}: parameter '{key}' must be a bool, number, string, a non-empty "
+                                 f"list of one of those or a mapping of such values, got {value!r}")
         remaps = raw.get("remappings") or {}
         if not isinstance(remaps, dict):
             raise ValueError(f"{label}: 'remappings' must be a mapping from topic to topic")

@@ -5,11 +5,13 @@ loader keeps weights stored as top-level ``Constant`` nodes (paddle2onnx) out of
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import types
 
 import numpy as np
 import onnx
@@ -132,3 +134,40 @@ def test_a_single_session_engine_holds_no_more_than_onnxruntime(model_file):
     plain = min(_peak_mb(model_file, "onnxruntime") for _ in range(2))
     assert plain > 4.0  # the weight is in onnxruntime's peak
     assert ours <= 1.05 * plain + 0.5, (ours, plain)
+
+
+def _protos_reachable(root: object) -> list[str]:
+    """Type names of the ONNX protobuf messages reachable from ``root`` through its attributes,
+    containers, bound methods and closures (not through modules, classes or function globals,
+    which reach everything)."""
+    protos = (onnx.ModelProto, onnx.GraphProto, onnx.NodeProto, onnx.TensorProto)
+    seen: set[int] = set()
+    found: list[str] = []
+    stack = [root]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, (types.ModuleType, type)):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, protos):
+            found.append(type(obj).__name__)
+            continue
+        if isinstance(obj, types.FunctionType):
+            stack += [cell.cell_contents for cell in obj.__closure__ or ()]
+            continue
+        stack += gc.get_referents(obj)
+    return found
+
+
+def test_a_single_session_engine_holds_no_graph_until_a_budget_needs_it(model_file):
+    """The weightless graph (here with the branch Constant inside it) is dropped before the
+    session is built and read from the file again where a budget asks for it."""
+    with Engine(model_file) as engine:
+        assert engine.stats()["plan"]["fallback"]
+        assert _protos_reachable(engine) == []
+        assert engine.outputs == ["y"] and [spec.name for spec in engine.inputs] == ["x", "shape", "flag"]
+        assert engine.proto.graph.node[-1].op_type == "If"  # read again from the file on demand
+        assert "ModelProto" in _protos_reachable(engine)
+    with Engine(onnx.load(model_file)) as in_memory:  # no file to read it from: the graph is held
+        assert "ModelProto" in _protos_reachable(in_memory)
+

@@ -93,17 +93,16 @@ def stamp_ns(header) -> int:
 class Observer:
     """Records the graph's outputs (under GRAPH_NS), its diagnostics and /clock."""
 
-    def __init__(self, namespace: str) -> None:
+    def __init__(self, namespace: str, qos: QoSProfile = qos_profile_sensor_data) -> None:
         self.ros = BackgroundNode("replay_test_observer")
         self.lock = threading.Lock()
         self.stamps: dict[str, list[int]] = defaultdict(list)
         self.diagnostics: dict[str, list[int]] = defaultdict(list)  # node -> header stamps of its arrays
         self.clock: list[int] = []
         node = self.ros.node
-        for topic, kind in OUTPUTS.items():
-            node.create_subscription(kind, namespace + topic, self._recorder(topic), qos_profile_sensor_data)
-        node.create_subscription(Image, namespace + "/camera/image_raw", self._recorder("/camera/image_raw"),
-                                 qos_profile_sensor_data)
+        self.outputs = [node.create_subscription(kind, namespace + topic, self._recorder(topic), qos)
+                        for topic, kind in OUTPUTS.items()]
+        node.create_subscription(Image, namespace + "/camera/image_raw", self._recorder("/camera/image_raw"), qos)
         node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag(namespace), 100)
         node.create_subscription(Clock, "/clock", self._on_clock,
                                  QoSProfile(depth=10, reliability=ReliabilityPolicy.BEST_EFFORT))
@@ -127,6 +126,11 @@ class Observer:
     def _on_clock(self, msg: Clock) -> None:
         with self.lock:
             self.clock.append(msg.clock.sec * NS + msg.clock.nanosec)
+
+    def matched_outputs(self) -> bool:
+        """Whether DDS has matched each output subscription with its publisher (what a node
+        publishes before that never reaches the observer)."""
+        return all(sub.get_publisher_count() >= 1 for sub in self.outputs)
 
     def snapshot(self) -> tuple[dict[str, list[int]], dict[str, list[int]], list[int]]:
         with self.lock:
@@ -281,19 +285,28 @@ def write_big_bag(path: Path, frames: int, storage: str) -> Path:
 # ----------------------------------------------------------------------------- simulator bag vs live simulator
 
 SIM_SEED, SIM_RATE_HZ, SIM_FRAMES = 7, 0.25, 5  # 4 s per frame: every model answers every frame, none dropped
+SENSOR_TOPICS = ("camera/image_raw", "camera/camera_info", "lidar/points")
+#: the observer takes outputs and camera frames reliably (the graph publishes them reliable here)
+RELIABLE = QoSProfile(depth=50, reliability=ReliabilityPolicy.RELIABLE)
 
 
-def parity_config(tmp_path: Path, enabled: bool) -> Path:
+def reliable_sensor_links(namespace: str, entity: str) -> dict:
+    """QoS overrides that make every sensor link of a node reliable (no frame lost in transport)."""
+    return {f"{namespace}/{topic}": {entity: {"reliability": "reliable"}} for topic in SENSOR_TOPICS}
+
+
+def parity_config(tmp_path: Path, enabled: bool, namespace: str) -> Path:
     """The vehicle graph with the simulator at SIM_RATE_HZ, one 320x240 camera size and SIM_SEED,
-    and a budget manager that reports but pushes no budgets (no re-plans between frames)."""
+    reliable sensor links (a frame lost by the transport would make live and replay differ), and
+    a budget manager that reports but pushes no budgets (no re-plans between frames)."""
     data = yaml.safe_load(default_config_path().read_text())
     for node in data["nodes"]:
         params = node.setdefault("parameters", {})
         if node["name"] == "sensor_sim":
             params.update(rate_hz=SIM_RATE_HZ, resolutions=["320x240"], seed=SIM_SEED, enabled=enabled,
-                          lidar_azimuth_steps=256)
+                          lidar_azimuth_steps=256, qos_overrides=reliable_sensor_links(namespace, "publisher"))
         elif node["name"] in MODEL_NODES:
-            params.update(threads=1)
+            params.update(threads=1, qos_overrides=reliable_sensor_links(namespace, "subscription"))
         elif node["name"] == "budget_manager":
             params.update(allocate=False)
     path = tmp_path / f"parity-{'live' if enabled else 'off'}.yaml"
@@ -306,16 +319,36 @@ def _answered(observer: Observer, stamps: list[int]) -> bool:
     return bool(stamps) and all(set(stamps) <= set(outputs.get(t, [])) for t in OUTPUTS)
 
 
+def _unanswered(observer: Observer, stamps: list[int]) -> str:
+    """Which frames each output is missing (for a failure message)."""
+    outputs = observer.snapshot()[0]
+    return "; ".join(f"{t} lacks {sorted(set(stamps) - set(outputs.get(t, [])))}" for t in OUTPUTS)
+
+
+def wait_for_graph(observer: Observer, up: Up, namespace: str) -> None:
+    """Until the model nodes and the observer subscribe to the camera and the observer has matched
+    every output publisher (so no first output is published before anyone can receive it)."""
+    node = observer.ros.node
+    wait_for(lambda: up.proc.poll() is not None or (node.count_subscribers(f"{namespace}/camera/image_raw") >= 4
+                                                    and observer.matched_outputs()),
+             420, "the model nodes (and the observer) to subscribe to the camera, the outputs to be matched")
+    assert up.proc.poll() is None, up.log()
+    for topic in SENSOR_TOPICS:  # the QoS overrides reached rclpy: every sensor link is reliable
+        links = [*node.get_publishers_info_by_topic(f"{namespace}/{topic}"),
+                 *(s for s in node.get_subscriptions_info_by_topic(f"{namespace}/{topic}")
+                   if s.node_name in MODEL_NODES)]
+        assert links and all(i.qos_profile.reliability == ReliabilityPolicy.RELIABLE for i in links), \
+            (topic, [(i.node_name, i.qos_profile.reliability) for i in links])
+
+
 def live_outputs(tmp_path: Path) -> tuple[int, dict[str, list[int]]]:
     """Frames the live simulator published once every model node listened, and the outputs."""
     namespace = f"{GRAPH_NS}_live"
-    observer = Observer(namespace)
-    up = Up(parity_config(tmp_path, enabled=False), namespace)
+    observer = Observer(namespace, RELIABLE)
+    up = Up(parity_config(tmp_path, enabled=False, namespace=namespace), namespace)
     try:
         node = observer.ros.node
-        wait_for(lambda: up.proc.poll() is not None or node.count_subscribers(f"{namespace}/camera/image_raw") >= 4,
-                 420, "the model nodes (and the observer) to subscribe to the camera")
-        assert up.proc.poll() is None, up.log()
+        wait_for_graph(observer, up, namespace)
         client = AsyncParameterClient(node, f"{namespace}/sensor_sim")
         assert client.wait_for_services(timeout_sec=30.0)
 
@@ -325,8 +358,11 @@ def live_outputs(tmp_path: Path) -> tuple[int, dict[str, list[int]]]:
             assert future.result().results[0].successful
 
         enable(True)
-        wait_for(lambda: len(observer.snapshot()[0].get("/camera/image_raw", [])) >= SIM_FRAMES, 120,
-                 f"{SIM_FRAMES} live camera frames")
+        try:
+            wait_for(lambda: len(observer.snapshot()[0].get("/camera/image_raw", [])) >= SIM_FRAMES, 120,
+                     f"{SIM_FRAMES} live camera frames")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {observer.snapshot()[0]}\n{up.log()}") from None
         enable(False)
         wait_for(lambda: _answered(observer, observer.snapshot()[0]["/camera/image_raw"]), 240,
                  "every model's output for every live frame")
@@ -352,20 +388,30 @@ def test_a_simulator_bag_replays_to_the_same_outputs_as_the_live_simulator(tmp_p
         plan = recorded.plan(["/camera/image_raw"])
         stamps = [m.timestamp_ns for m in recorded.messages(plan)]
     assert len(stamps) == frames
+    # the same graph (the simulator disabled), and the bag played into it once the observer is matched
     namespace = f"{GRAPH_NS}_bag"
-    observer = Observer(namespace)
+    observer = Observer(namespace, RELIABLE)
+    up = Up(parity_config(tmp_path, enabled=False, namespace=namespace), namespace)
     log = tmp_path / "replay.log"
-    proc = replay(str(bag), "--config", str(parity_config(tmp_path, enabled=False)), "--namespace", namespace,
-                  "--linger", "240", log=log)
+    proc = None
     try:
-        wait_for(lambda: proc.poll() is not None or _answered(observer, stamps), 600,
-                 "every model's output for every frame of the bag")
-        assert proc.poll() is None, log.read_text()[-3000:]
+        wait_for_graph(observer, up, namespace)
+        proc = replay(str(bag), "--no-graph", "--namespace", namespace, log=log)
+        assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+        try:
+            wait_for(lambda: up.proc.poll() is not None or _answered(observer, stamps), 240,
+                     "every model's output for every frame of the bag")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {_unanswered(observer, stamps)}\n{up.log()}\n"
+                                 f"{log.read_text()[-2000:]}") from None
+        assert up.proc.poll() is None, f"{_unanswered(observer, stamps)}\n{up.log()}"
         replayed = observer.snapshot()[0]
     finally:
-        code = stop_process_group(proc, timeout=60.0)
+        if proc is not None and proc.poll() is None:
+            stop_process_group(proc, timeout=60.0)
+        code = up.stop()
         observer.close()
-    assert code == 0, log.read_text()[-3000:]
+    assert code == 0, up.log()
     for topic in OUTPUTS:
         assert len(replayed[topic]) == len(live[topic]) == frames, (topic, len(replayed[topic]), len(live[topic]))
         assert replayed[topic] == stamps, f"{topic}: the replayed outputs carry the bag's stamps, in order"

@@ -73,7 +73,7 @@ def test_node_command_uses_params_file_and_remappings(tmp_path):
     ({"nodes": [{"name": "a", "executable": "nope"}]}, "unknown executable"),
     ({"nodes": [{"name": "a b", "executable": "lane_node"}]}, "ROS node name"),
     ({"nodes": [{"name": "a", "executable": "lane_node"}, {"name": "a", "executable": "depth_node"}]}, "twice"),
-    ({"nodes": [{"name": "a", "executable": "lane_node", "parameters": {"x": {"y": 1}}}]}, "parameter 'x'"),
+    ({"nodes": [{"name": "a", "executable": "lane_node", "parameters": {"x": {"y": [1, "a"]}}}]}, "parameter 'x'"),
     ({"nodes": [{"name": "a", "executable": "lane_node", "parameters": {"x": [1, "a"]}}]}, "parameter 'x'"),
     ({"nodes": [{"name": "a", "executable": "lane_node", "colour": "red"}]}, "unknown key"),
     ({"nodes": [{"name": "a", "executable": "lane_node", "sim": "yes"}]}, "'sim' must be"),
@@ -154,18 +154,38 @@ def test_every_executable_declares_its_parameters_and_the_default_config_passes(
     ("budget_manager", {"period_s": 0.0}, "period_s must be in"),
     ("lane_node", {"lane_treshold": 0.5}, "declares no such parameter"),
     ("lane_node", {"backend": "cuda"}, "backend"),
+    ("lane_node", {"qos_overrides": "reliable"}, "must be a mapping"),
+    ("lane_node", {"qos_overrides": {"camera/image_raw": {"subscription": {"reliability": "reliable"}}}},
+     "the resolved name, starting with '/'"),
+    ("lane_node", {"qos_overrides": {"/camera/image_raw": {"publisher": {"reliability": "reliable"}}}},
+     "must hold only 'subscription'"),
+    ("sensor_sim", {"qos_overrides": {"/camera/image_raw": {"publisher": {"reliability": "sure"}}}},
+     ".publisher.reliability: must be one of reliable, best_effort, system_default, got 'sure'"),
+    ("depth_node", {"qos_overrides": {"/lidar/points": {"subscription": {"depth": -1}}}}, "integer >= 0"),
+    ("depth_node", {"qos_overrides": {"/lidar/points": {"subscription": {"deadline": 1}}}}, "not a policy"),
+    ("budget_manager", {"qos_overrides": {"/diagnostics": {"subscription": {"depth": 1}}}},
+     "declares no such parameter"),
 ])
 def test_config_parameters_are_checked_against_the_declarations(node, parameters, reason):
     graph = parse_graph(_default_with(node, **parameters), "vehicle-test.yaml")
     with pytest.raises(ValueError) as info:
         check_graph_parameters(graph, "vehicle-test.yaml")
     message = str(info.value)
-    assert message.startswith(f"vehicle-test.yaml: node {node}: parameter {next(iter(parameters))}: ")
+    # a nested value's problem names its dotted parameter (qos_overrides./topic.subscription.depth)
+    assert message.startswith(f"vehicle-test.yaml: node {node}: parameter {next(iter(parameters))}")
     assert reason in message and "\n" not in message
 
 
 def test_ros_parameters_every_node_takes_are_accepted():
     graph = parse_graph(_default_with("lane_node", use_sim_time=True), "g.yaml")
+    assert parameter_problems(graph) == []
+
+
+def test_qos_overrides_on_sensor_topics_are_accepted():
+    reliable = {"reliability": "reliable", "history": "keep_last", "depth": 3}
+    graph = parse_graph(_default_with("depth_node", qos_overrides={"/car1/camera/image_raw": {"subscription": reliable},
+                                                                   "/car1/lidar/points": {"subscription": reliable}}),
+                        "g.yaml")
     assert parameter_problems(graph) == []
 
 

@@ -18,24 +18,23 @@ from collections.abc import Callable, Iterable
 import rclpy
 from rclpy.node import Node
 from rclpy.publisher import Publisher
-from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from rclpy.qos import QoSProfile, ReliabilityPolicy
 from rclpy.signals import SignalHandlerOptions
 from rosgraph_msgs.msg import Clock
 
 from dynnet_ros.bags.pacing import NS, Pacing, Step
-from dynnet_ros.bags.topics import PlayedTopic, TopicPlan
+from dynnet_ros.bags.topics import TopicPlan
 from dynnet_ros.nodes.message_types import message_class
 
-#: message packages whose topics are sensor streams: best-effort sensor-data QoS, as drivers publish them
-SENSOR_PACKAGES = ("sensor_msgs",)
-#: other topics: reliable, the rclpy default depth
-DEFAULT_QOS = QoSProfile(depth=10)
+#: every played topic: reliable, depth 10. A reliable publisher serves best-effort subscribers (the
+#: sensor-data QoS the model nodes use, delivered best effort) and reliable ones (a node whose camera
+#: link a QoS override makes reliable, to evaluate on a bag without losing a frame) alike.
+TOPIC_QOS = QoSProfile(depth=10)
+#: how long playing waits after the writers have matched the graph's readers, for the readers to
+#: match the writers back (``BagPlayer.wait_for_subscribers``)
+MATCH_SETTLE_S = 1.0
 #: /clock: one sample, reliable (matches rclpy's best-effort /clock subscription and reliable ones)
 CLOCK_QOS = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE)
-
-
-def topic_qos(topic: PlayedTopic) -> QoSProfile:
-    return qos_profile_sensor_data if topic.msgtype.split("/")[0] in SENSOR_PACKAGES else DEFAULT_QOS
 
 
 def ns_to_time(stamp_ns: int) -> tuple[int, int]:
@@ -59,7 +58,7 @@ class BagPlayer:
             cls = message_class(topic.msgtype)
             if cls is None:  # plan_topics was given message_class, so only a broken install gets here
                 raise ValueError(f"message type {topic.msgtype} of {topic.source} is not importable")
-            self._publishers[topic.target] = self.node.create_publisher(cls, topic.target, topic_qos(topic))
+            self._publishers[topic.target] = self.node.create_publisher(cls, topic.target, TOPIC_QOS)
         self.published: Counter[str] = Counter()  # target topic -> messages published
         self.clock_ns: int | None = None  # the last /clock value published
         self.passes = 0
@@ -86,13 +85,23 @@ class BagPlayer:
         return waiting
 
     def wait_for_subscribers(self, stop: threading.Event, timeout_s: float) -> None:
-        """Wait until every played topic has a subscriber, for at most ``timeout_s``: DDS takes a
-        moment to match a new publisher with running subscribers, and what is published before
-        that reaches nobody."""
+        """Wait until each played topic's publisher has matched every subscription the ROS graph
+        shows for the topic (and at least one), for at most ``timeout_s``, then ``MATCH_SETTLE_S``.
+
+        A node is in the graph before DDS has matched its reader with this writer, and what is
+        published before that reaches nobody. Matching is done on each side: the writer counts a
+        reader before that reader has matched the writer back, and a volatile reader drops what
+        arrives from a writer it has not matched yet — the settle time covers that second half,
+        so a node does not miss the bag's first frame."""
         deadline = time.monotonic() + timeout_s
-        while (not stop.is_set() and time.monotonic() < deadline
-               and any(p.get_subscription_count() == 0 for p in self._publishers.values())):
+        while not stop.is_set() and time.monotonic() < deadline and self.unmatched():
             stop.wait(0.05)
+        stop.wait(MATCH_SETTLE_S)
+
+    def unmatched(self) -> list[str]:
+        """Played topics whose publisher has not yet matched every subscription in the graph."""
+        return [topic for topic, publisher in self._publishers.items()
+                if publisher.get_subscription_count() < max(1, self.node.count_subscribers(topic))]
 
     def publish_clock(self, stamp_ns: int) -> None:
         sec, nanosec = ns_to_time(stamp_ns)

@@ -42,8 +42,9 @@ SENSOR_CONSUMERS = ("lane_node", "pedestrian_node", "depth_node", "recorder")
 STARTUP_TIMEOUT_S = 240.0
 #: how long playing waits, with --record, for the recorder to follow every topic of the graph
 RECORDER_WAIT_S = 30.0
-#: how long playing waits for the played topics' subscribers to be matched (a topic nobody reads holds it this long)
-DISCOVERY_WAIT_S = 2.0
+#: how long playing waits for DDS to match the played topics' publishers with every subscription the
+#: graph shows (a topic nobody reads holds it this long)
+DISCOVERY_WAIT_S = 5.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from dynnet_ros.engine.backends import create_executor, load_for_backend
@@ -112,7 +113,8 @@ class Engine:
             raise ValueError(f"unknown layout {layout!r} (nchwc | as-given)")
         self.model_path = None if not isinstance(model, (str, bytes)) and not hasattr(model, "__fspath__") \
             else str(model)
-        self.proto = load_for_backend(backend, model)  # planned cpu: weightless graph, weights stay in the file
+        # planned cpu: weightless graph, weights stay in the file
+        self._proto: onnx.ModelProto | None = load_for_backend(backend, model)
         self.inputs: list[InputSpec] = input_specs(self.proto)
         self.defaults: list[InputSpec] = default_specs(self.proto)  # inputs an initializer gives a value
         #: why this model runs through plain onnxruntime although the planned backend was asked for
@@ -120,7 +122,7 @@ class Engine:
         if self.plain_reason is not None:
             log.warning("%s; running the model through plain onnxruntime", self.plain_reason)
             backend = "ort"
-            self.proto = load_for_backend(backend, model)
+            self._proto = load_for_backend(backend, model)
         self.backend = backend
         self.threads = threads
         # feeds onnxruntime takes but the model's declaration does not (feeds.plan_breach)
@@ -129,10 +131,18 @@ class Engine:
         self.weight_bytes = weight_bytes(self.proto)
         self.layout = layout
         self._expected_shapes = None if input_shapes is None else self._checked_shapes(input_shapes)
+        #: the model file the planned backend reads its graph from again when a plan or a budget
+        #: needs it (None: the graph is held). The graph is dropped before any session exists, so a
+        #: model the planner runs as one plain session holds no more than onnxruntime's own session
+        #: (``Constant`` weights inside ``If`` bodies stay in the graph, for one) and its heap is
+        #: free for the session to reuse.
+        self._graph_file: str | None = source_path(self.proto) if backend == "cpu" else None
+        inmemory = memory_budget_mb is None and not swappable  # else the budget policy reads the graph at once
+        if self._graph_file is not None and inmemory:
+            self._proto = None
         # With a budget (or swappable) the budget policy builds the first executor: no full
         # in-memory one first.
-        self._executor: Executor | None = None if memory_budget_mb is not None or swappable else \
-            self._create_inmemory()
+        self._executor: Executor | None = self._create_inmemory() if inmemory else None
         self._lock = threading.Lock()
         self._budget_mb: float | None = None
         self._last_latency_ms: float | None = None
@@ -140,16 +150,30 @@ class Engine:
         self._runs = 0
         self._signatures: set = set()
         self._swap = SwapControl(BudgetModel(
-            proto=self.proto, backend=backend, threads=threads, layout=layout, weight_bytes=self.weight_bytes,
-            create_executor=self._create_inmemory))
+            load_proto=lambda: self.proto, backend=backend, threads=threads, layout=layout,
+            weight_bytes=self.weight_bytes, create_executor=self._create_inmemory))
         try:
             self.set_memory_budget(memory_budget_mb)
         except ValueError:
             self.close()  # an executor built for the refused budget would outlive this engine
             raise
 
+    @property
+    def proto(self) -> onnx.ModelProto:
+        """The engine's graph (for the planned cpu backend and a model file: weightless, its
+        weights are references into the file), read from the file again if it was dropped."""
+        proto = self._proto
+        if proto is None:
+            if self._graph_file is None:  # the constructor holds the graph of every other model
+                raise RuntimeError("the engine holds no graph")
+            proto = self._proto = load_for_backend(self.backend, self._graph_file)
+        return proto
+
     def _create_inmemory(self) -> Executor:
-        return create_executor(self.backend, self.proto, threads=self.threads, layout=self.layout,
+        # a dropped graph stays dropped: the backend reads the file itself and, where it runs one
+        # plain session, never loads the graph at all
+        model = self._graph_file if self._proto is None and self._graph_file is not None else self.proto
+        return create_executor(self.backend, model, threads=self.threads, layout=self.layout,
                                input_shapes=self._expected_shapes)
 
     def _checked_shapes(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:

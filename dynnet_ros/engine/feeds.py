@@ -123,5 +123,9 @@ def plan_breach(specs: Sequence[InputSpec], feeds: Mapping[str, Any]) -> str | N
 
 def shape_signature(feeds: Mapping[str, Any]) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """Hashable key of the concrete input shapes (plan caches and stats use it); values without
-    a shape (sequences, maps, an omitted optional) count as shape ()."""
-    return tuple(sorted((name, tuple(int(d) for d in getattr(value, "shape", ()))) for name, value in feeds.items()))
+    a shape (sequences, maps, an omitted optional) count as shape ().
+
+    Runs once per frame, so it builds no tuple through a generator: CPython sizes those by guess
+    and shrinks them, and each one freed then grows the interpreter's tuple free list (bounded,
+    but memory plain onnxruntime's run loop does not hold). A numpy shape is a tuple of ints already."""
+    return tuple(sorted((name, tuple(getattr(value, "shape", ()))) for name, value in feeds.items()))

@@ -21,7 +21,7 @@ from rclpy.time import Time
 from sensor_msgs.msg import Image, PointCloud2
 
 from dynnet_ros.geometry import extrinsic_matrix, transform_points
-from dynnet_ros.nodes.base import ParamSpec, run_node
+from dynnet_ros.nodes.base import SENSOR_QOS_OVERRIDES, ParamSpec, run_node
 from dynnet_ros.nodes.convert import array_to_image, cloud_to_xyzi
 from dynnet_ros.nodes.model_node import OUTPUT_QOS, FrameInfo, ModelNode, common_specs, format_spec, input_size
 from dynnet_ros.perception import DepthEstimator
@@ -76,9 +76,14 @@ class DepthNode(ModelNode):
         self._lidar_in_view = 0
         self._fit: DepthFit | None = None
         super().__init__("depth_node", TASK_PARAMETERS)
+
+    def create_outputs(self) -> None:
         self.depth_pub = self.create_publisher(Image, "depth/image", OUTPUT_QOS)
+
+    def create_sensor_inputs(self) -> None:
         self.create_subscription(PointCloud2, "lidar/points", self._on_cloud, qos_profile_sensor_data,
-                                 callback_group=self.io_group)
+                                 callback_group=self.io_group, qos_overriding_options=SENSOR_QOS_OVERRIDES)
+        super().create_sensor_inputs()
 
     def build_core(self, path: str, params: dict[str, Any], memory_budget_mb: float | None) -> DepthEstimator:
         return make_depth_estimator(path, params, memory_budget_mb, swappable=True)

@@ -67,10 +67,12 @@ class LaneNode(ModelNode):
     output_bytes_per_pixel = 8.0
 
     def __init__(self) -> None:
+        self._lane_fraction = 0.0
         super().__init__("lane_node", TASK_PARAMETERS)
+
+    def create_outputs(self) -> None:
         self.mask_pub = self.create_publisher(Image, "lane/mask", OUTPUT_QOS)
         self.labels_pub = self.create_publisher(Image, "lane/labels", OUTPUT_QOS)
-        self._lane_fraction = 0.0
 
     def build_core(self, path: str, params: dict[str, Any], memory_budget_mb: float | None) -> Segmenter:
         return make_segmenter(path, params, memory_budget_mb, swappable=True)

@@ -43,7 +43,7 @@ from dynnet_ros.engine.memtrim import release_memory
 from dynnet_ros.engine.procmem import process_memory
 from dynnet_ros.mapper.runtime import StageExecutor
 from dynnet_ros.nodes import diagnostics as diag
-from dynnet_ros.nodes.base import ParamSpec, declare, steady_timer
+from dynnet_ros.nodes.base import SENSOR_QOS_OVERRIDES, ParamSpec, declare, steady_timer
 from dynnet_ros.nodes.budget_profile import ProfilePublisher, memory_now, prewarm_runtime
 from dynnet_ros.nodes.convert import image_to_rgb8
 from dynnet_ros.nodes.frame_memory import FrameBytes, frame_bytes
@@ -209,6 +209,7 @@ class ModelNode(Node, ABC):
         super().__init__(node_name)
         self._specs = {s.name: s for s in common_specs(self.task) + task_specs}
         self.params: dict[str, Any] = declare(self, self._specs.values())
+        self.create_outputs()
         self._engine_lock = threading.Lock()   # held while the worker runs a frame
         self._state_lock = threading.Lock()
         self._budget_lock = threading.Lock()   # node budget -> engine budget, one change at a time
@@ -253,10 +254,7 @@ class ModelNode(Node, ABC):
         self.diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         # sensor callbacks and the diagnostics timer run beside the parameter services (see run_node)
         self.io_group = MutuallyExclusiveCallbackGroup()
-        self.create_subscription(Image, "camera/image_raw", self._on_image, IMAGE_QOS,
-                                 callback_group=self.io_group)
-        self.create_subscription(CameraInfo, "camera/camera_info", self._on_camera_info, qos_profile_sensor_data,
-                                 callback_group=self.io_group)
+        self.create_sensor_inputs()
         self._repicks = Rerun(self._repick, f"{node_name}-repick", self._stop.is_set,
                               lambda trace: self.get_logger().error(f"mapping auto: re-pick failed: {trace}"))
         self.create_subscription(String, BUDGETS_TOPIC, self._on_budgets, 10, callback_group=self.io_group)
@@ -278,6 +276,20 @@ class ModelNode(Node, ABC):
         return self.core.engine
 
     # ------------------------------------------------------------------ subclass hooks
+    def create_sensor_inputs(self) -> None:
+        """Subscribe to the camera and its CameraInfo (a node with more sensors adds its own here,
+        so every sensor input exists once the node shows up in the graph)."""
+        self.create_subscription(Image, "camera/image_raw", self._on_image, IMAGE_QOS,
+                                 callback_group=self.io_group, qos_overriding_options=SENSOR_QOS_OVERRIDES)
+        self.create_subscription(CameraInfo, "camera/camera_info", self._on_camera_info, qos_profile_sensor_data,
+                                 callback_group=self.io_group, qos_overriding_options=SENSOR_QOS_OVERRIDES)
+
+    @abstractmethod
+    def create_outputs(self) -> None:
+        """Create the node's output publishers. Runs before the model loads and before any
+        subscription: a frame can never find its publisher missing, and subscribers have matched
+        the outputs (discovery runs during the load) by the time the first frame is answered."""
+
     @abstractmethod
     def build_core(self, path: str, params: dict[str, Any], memory_budget_mb: float | None) -> PerceptionCore:
         """The task's perception core for ``path`` and the node's parameters (ValueError with the

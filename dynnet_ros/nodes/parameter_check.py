@@ -7,12 +7,21 @@ whole config with one line naming the file, the node, the parameter and the reas
 """
 from __future__ import annotations
 
+from typing import Any
+
 from dynnet_ros.graph_config import GraphConfig
 from dynnet_ros.nodes import budget_manager, depth_node, lane_node, pedestrian_node, sensor_sim
 from dynnet_ros.nodes.base import ParamSpec
 
 #: parameters every ROS 2 node takes without declaring them
 ROS_PARAMETERS = frozenset({"use_sim_time", "start_type_description_service"})
+#: ROS 2's QoS override parameters (``qos_overrides.<topic>.<entity>.<policy>``): the nodes whose
+#: sensor topics take them (nodes/base.SENSOR_QOS_OVERRIDES), and as publisher or subscription
+QOS_OVERRIDES = "qos_overrides"
+QOS_ENTITIES = {"sensor_sim": "publisher", "lane_node": "subscription", "pedestrian_node": "subscription",
+                "depth_node": "subscription"}
+QOS_POLICY_VALUES = {"reliability": ("reliable", "best_effort", "system_default"),
+                     "history": ("keep_last", "keep_all", "system_default")}
 
 DECLARED: dict[str, list[ParamSpec]] = {
     "sensor_sim": sensor_sim.PARAMETERS,
@@ -30,6 +39,10 @@ def parameter_problems(graph: GraphConfig) -> list[str]:
         specs = {spec.name: spec for spec in DECLARED[node.executable]}
         for name, value in node.parameters.items():
             spec = specs.get(name)
+            if name == QOS_OVERRIDES and node.executable in QOS_ENTITIES:
+                problems += [f"node {node.name}: parameter {name}{problem}"
+                             for problem in qos_override_problems(value, QOS_ENTITIES[node.executable])]
+                continue
             if spec is None:
                 if name not in ROS_PARAMETERS:
                     problems.append(f"node {node.name}: parameter {name}: {node.executable} declares no such "
@@ -48,3 +61,33 @@ def check_graph_parameters(graph: GraphConfig, source: str) -> None:
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise ValueError(f"{source}: {problems[0]}{more}")
+
+
+def qos_override_problems(value: Any, entity: str) -> list[str]:
+    """What is wrong with a node's ``qos_overrides`` mapping (``{topic: {entity: {policy: value}}}``),
+    each as ``.<where>: reason``; rclpy would otherwise reject it in the node's constructor."""
+    if not isinstance(value, dict):
+        return [f": must be a mapping {{/topic: {{{entity}: {{policy: value}}}}}}, got {value!r}"]
+    problems = []
+    for topic, entities in value.items():
+        where = f".{topic}"
+        if not isinstance(topic, str) or not topic.startswith("/"):
+            problems.append(f"{where}: the topic must be the resolved name, starting with '/'")
+        elif not isinstance(entities, dict) or set(entities) != {entity}:
+            problems.append(f"{where}: must hold only '{entity}' (its sensor topics are {entity}s)")
+        elif not isinstance(entities[entity], dict):
+            problems.append(f"{where}.{entity}: must be a mapping of policy: value")
+        else:
+            for policy, setting in entities[entity].items():
+                problems += [f"{where}.{entity}.{policy}: {reason}" for reason in _policy_problem(policy, setting)]
+    return problems
+
+
+def _policy_problem(policy: str, setting: Any) -> list[str]:
+    if policy == "depth":
+        return [] if isinstance(setting, int) and not isinstance(setting, bool) and setting >= 0 else \
+            [f"must be an integer >= 0, got {setting!r}"]
+    allowed = QOS_POLICY_VALUES.get(policy)
+    if allowed is None:
+        return [f"not a policy these topics take (they take {', '.join(sorted([*QOS_POLICY_VALUES, 'depth']))})"]
+    return [] if setting in allowed else [f"must be one of {', '.join(allowed)}, got {setting!r}"]

@@ -76,7 +76,10 @@ class PedestrianNode(ModelNode):
     core_params = ("classes", "labels_file")
 
     def __init__(self) -> None:
+        self._last_count = 0
         super().__init__("pedestrian_node", TASK_PARAMETERS)
+
+    def create_outputs(self) -> None:
         self.marker_pub = self.create_publisher(MarkerArray, "pedestrian/markers", OUTPUT_QOS)
         self.detection_pub = None
         if HAVE_VISION_MSGS:
@@ -84,7 +87,6 @@ class PedestrianNode(ModelNode):
         else:
             self.get_logger().warning("vision_msgs is not importable: /pedestrian/detections is not published "
                                       "(markers on /pedestrian/markers still are)")
-        self._last_count = 0
 
     def build_core(self, path: str, params: dict[str, Any], memory_budget_mb: float | None) -> Detector:
         return make_detector(path, params, memory_budget_mb, swappable=True)

@@ -21,7 +21,7 @@ from std_msgs.msg import Header
 
 from dynnet_ros.engine.procmem import process_memory
 from dynnet_ros.nodes import diagnostics as diag
-from dynnet_ros.nodes.base import ParamSpec, declare, run_node, steady_timer
+from dynnet_ros.nodes.base import SENSOR_QOS_OVERRIDES, ParamSpec, declare, run_node, steady_timer
 from dynnet_ros.nodes.convert import array_to_image, xyzi_to_cloud
 from dynnet_ros.sim.frames import SimSettings, camera_info_fields, parse_resolution, render_frame
 
@@ -67,9 +67,12 @@ class SensorSim(Node):
         super().__init__("sensor_sim")
         self.params = declare(self, SPECS)
         self._specs = {s.name: s for s in SPECS}
-        self.image_pub = self.create_publisher(Image, "camera/image_raw", qos_profile_sensor_data)
-        self.info_pub = self.create_publisher(CameraInfo, "camera/camera_info", qos_profile_sensor_data)
-        self.cloud_pub = self.create_publisher(PointCloud2, "lidar/points", qos_profile_sensor_data)
+        self.image_pub = self.create_publisher(Image, "camera/image_raw", qos_profile_sensor_data,
+                                               qos_overriding_options=SENSOR_QOS_OVERRIDES)
+        self.info_pub = self.create_publisher(CameraInfo, "camera/camera_info", qos_profile_sensor_data,
+                                               qos_overriding_options=SENSOR_QOS_OVERRIDES)
+        self.cloud_pub = self.create_publisher(PointCloud2, "lidar/points", qos_profile_sensor_data,
+                                               qos_overriding_options=SENSOR_QOS_OVERRIDES)
         self.diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self.add_on_set_parameters_callback(self._on_set)
         self._t0 = time.monotonic()

@@ -48,12 +48,18 @@ Signature = tuple
 class BudgetModel:
     """What the policy knows of the engine's model; fixed for the engine's life."""
 
-    proto: onnx.ModelProto                  # the engine's graph (weightless for the planned cpu backend)
+    #: the engine's graph (weightless for the planned cpu backend), asked for only when a budget
+    #: needs it: the engine of a model file does not hold it while no budget does
+    load_proto: Callable[[], onnx.ModelProto]
     backend: str
     threads: int | None
     layout: str                             # "nchwc" where it applies, or "as-given" (see streamed.py)
     weight_bytes: int
     create_executor: Callable[[], Executor]  # the backend's in-memory executor
+
+    @property
+    def proto(self) -> onnx.ModelProto:
+        return self.load_proto()
 
 
 class BudgetRefused(ValueError):

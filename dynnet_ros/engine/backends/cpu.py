@@ -50,7 +50,9 @@ class OrtExecutor:
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         values = self._session.run(self._outputs, dict(feeds))
-        return dict(zip(self._outputs, values))
+        # unpacked pairs: zip reuses one tuple, where dict(zip(...)) leaves one per output to the
+        # interpreter's tuple free list on every run
+        return {name: value for name, value in zip(self._outputs, values)}
 
     def executor_stats(self) -> ExecutorStats:
         return ExecutorStats(details={} if self._plan is None else {"plan": self._plan})

@@ -24,7 +24,7 @@ from dynnet_ros.engine.plan.options import PlannerOptions, plan_profile
 log = logging.getLogger(__name__)
 
 
-def create_planned_executor(model: onnx.ModelProto, *, threads: int | None = None, layout: str = "nchwc",
+def create_planned_executor(model: onnx.ModelProto | str, *, threads: int | None = None, layout: str = "nchwc",
                             input_shapes: Mapping[str, tuple[int, ...]] | None = None, **options) -> Executor:
     """A PlannedExecutor, or the plain executor (with a warning) if planning this model fails.
 
@@ -35,22 +35,25 @@ def create_planned_executor(model: onnx.ModelProto, *, threads: int | None = Non
     profile $DYNNET_PLAN_PROFILE names (plan/options.py). ``input_shapes``: the size the plan is
     weighed at (PlannerOptions.reference_shapes; default: dynamic dims at 640).
 
-    For a model file under the profile's options, whether it is cut at all comes from its cached
-    verdict (cut_verdict.py, decided in a child process once): a model the planner would run as
-    one plain session is never analysed in this process.
+    ``model``: a weightless graph from ``load_skeleton``, an in-memory model, or a model file's
+    path. For a model file under the profile's options, whether it is cut at all comes from its
+    cached verdict (cut_verdict.py, decided in a child process once): a model the planner would
+    run as one plain session is never analysed in this process, and given as a path its graph is
+    never loaded here either.
     """
     if layout not in ("nchwc", "as-given"):
         raise ValueError(f"unknown layout {layout!r} (nchwc | as-given)")
     profile = plan_profile()
     if input_shapes:
         profile["reference_shapes"] = {name: [int(d) for d in shape] for name, shape in input_shapes.items()}
-    path = source_path(model)
+    path = model if isinstance(model, str) else source_path(model)
     if path is not None and not options:
         verdict = cut_verdict(path, threads, layout, profile)
         if verdict is not None and verdict.get("fallback"):
             log.info("planned engine not used for this model: %s", verdict.get("reason"))
             return OrtExecutor(path, threads=threads, plan=verdict)
-    return plan_here(model, threads=threads, layout=layout, options={**profile, **options})
+    graph = load_skeleton(model) if isinstance(model, str) else model
+    return plan_here(graph, threads=threads, layout=layout, options={**profile, **options})
 
 
 def plan_here(model: onnx.ModelProto, *, threads: int | None, layout: str, options: Mapping[str, Any]) -> Executor:

@@ -33,18 +33,21 @@ def load_for_backend(backend: str, model) -> onnx.ModelProto:
     return load_model(model)
 
 
-def create_executor(backend: str, model: onnx.ModelProto, *, threads: int | None = None,
+def create_executor(backend: str, model: onnx.ModelProto | str, *, threads: int | None = None,
                     layout: str = "nchwc", input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> Executor:
-    """The in-memory executor of ``backend``; ``layout`` (cpu backend): "nchwc" where that
-    rewrite applies, else the model as given; "as-given" always plans the model as given.
-    ``input_shapes`` (cpu backend): the input size the plan is weighed at (default: 640 px)."""
+    """The in-memory executor of ``backend`` for a ModelProto from ``load_for_backend`` or a
+    model file's path (the planned backend then reads the file only where it plans);
+    ``layout`` (cpu backend): "nchwc" where that rewrite applies, else the model as given;
+    "as-given" always plans the model as given. ``input_shapes`` (cpu backend): the input size
+    the plan is weighed at (default: 640 px)."""
     reasons = available_backends()
     if backend not in reasons:
         raise ValueError(f"unknown backend '{backend}'; choose one of {sorted(reasons)}")
     if reasons[backend] is not None:
         raise ValueError(f"backend '{backend}' is unavailable: {reasons[backend]}")
-    if backend == "tensorrt":  # options: DYNNET_TRT_* environment (docs/tensorrt.md)
-        return TensorRTExecutor(model, threads=threads)
     if backend == "cpu":
         return create_planned_executor(model, threads=threads, layout=layout, input_shapes=input_shapes)
-    return OrtExecutor(model, threads=threads)
+    proto = load_for_backend(backend, model) if isinstance(model, str) else model
+    if backend == "tensorrt":  # options: DYNNET_TRT_* environment (docs/tensorrt.md)
+        return TensorRTExecutor(proto, threads=threads)
+    return OrtExecutor(proto, threads=threads)
