@@ -116,7 +116,9 @@ def worker(name: str, side: str, threads: int, samples: int, seed: int) -> dict:
         stats = engine.stats()
         plan = stats.get("plan") or {}
         result.update(executor=stats["executor"], segments=plan.get("segments"),
-                      fallback=bool(plan.get("fallback")), cut_reason=(plan.get("cuts") or {}).get("reason"))
+                      fallback=bool(plan.get("fallback")),
+                      cut_reason=plan.get("reason") or (plan.get("cuts") or {}).get("reason"),
+                      timing=plan.get("timing"))
     return result
 
 
@@ -167,10 +169,12 @@ def weights_mb(name: str) -> float:
 
 
 def markdown(results: list[dict], meta: dict) -> str:
+    fresh = " (verdicts taken in this run)" if meta.get("fresh_verdicts") else ""
     lines = [f"Measured {meta['utc']} on {meta['cpus']} cores, load average {meta['loadavg_before']} before / "
              f"{meta['loadavg_after']} after, onnxruntime {meta['onnxruntime']}, {meta['threads']} threads per side, "
              f"{meta['samples']} feeds, a first pass and a steady one of at least {STEADY_MIN_S:.0f} s, "
-             f"min of {meta['repeats']} fresh processes per side.",
+             f"min of {meta['repeats']} fresh processes per side, planner profile "
+             f"{meta.get('plan_profile', 'memory')}{fresh}.",
              f"Command: `{meta['command']}`", "",
              "| model | ours runs as | activation peak MB ours / ORT (ratio) | total peak MB ours / ORT (ratio) | "
              "steady ms ours / ORT (ratio) | CPU ms per run (ratio) | first run ms ours / ORT (ratio) |",
@@ -181,6 +185,9 @@ def markdown(results: list[dict], meta: dict) -> str:
             continue
         e, o, q = r["engine"], r["onnxruntime"], r["ratios"]
         runs_as = "one onnxruntime session (fallback)" if e.get("fallback") else f"{e.get('segments')} segments"
+        probes = (e.get("timing") or {}).get("probes")
+        if probes:  # the auto profile's timed verdict: what it ran against one session
+            runs_as += "; timed " + ", ".join(f"{p['segments']} segments {p['ratio']:.2f}x" for p in probes)
 
         cells = [f"{e[k]:.1f} / {o[k]:.1f} (**{q[k]:.2f}**)" if q[k] is not None else "—"
                  for k in ("activation_peak_mb", "total_peak_mb", "steady_ms", "cpu_ms", "first_run_ms")]
@@ -207,7 +214,12 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--fresh-verdicts", action="store_true",
+                        help="a cache of this run's own (OUT/layout-cache): the cost table and the planner's "
+                             "cut verdicts (timed under the auto profile) are taken anew, in this run's conditions")
     args = parser.parse_args()
+    if args.fresh_verdicts:
+        os.environ["DYNNET_LAYOUT_DIR"] = str((args.out / "layout-cache").resolve())  # the workers inherit it
     names: list[str] = []
     for item in args.models.split(","):
         names += [m.name for m in _corpus().available_models()] if item == "corpus" else [item]
@@ -217,6 +229,8 @@ def main() -> int:
             "cpus": os.cpu_count(), "machine": platform.platform(), "onnxruntime": ort.__version__,
             "loadavg_before": " ".join(f"{v:.1f}" for v in os.getloadavg()), "threads": args.threads,
             "samples": args.samples, "repeats": args.repeats,
+            "plan_profile": os.environ.get("DYNNET_PLAN_PROFILE", "auto (default)"),
+            "fresh_verdicts": args.fresh_verdicts,
             "command": " ".join(["bench/engine_vs_ort.sh"] + sys.argv[1:])}
     results = []
     for name in names:

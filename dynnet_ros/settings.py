@@ -21,7 +21,7 @@ from typing import Mapping
 
 PREFIX = "DYNNET_"
 #: Planner profiles (the planned CPU backend maps each name to its planner options).
-PLAN_PROFILES: tuple[str, ...] = ("memory", "balanced")
+PLAN_PROFILES: tuple[str, ...] = ("auto", "memory", "balanced")
 TRT_PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "int8", "auto")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -49,8 +49,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("DYNNET_MAP_DIR", "path", "`~/.cache/dynnet_ros/map`",
              "`dynnet map profile` measurements; `dynnet map search` results for `mapping: auto`; runtime costs "
              "fitted by `dynnet map search --measure`, per hardware"),
-    Variable("DYNNET_PLAN_PROFILE", "choice", "`memory`",
-             "planner profile of the `cpu` backend: `memory` (least peak) or `balanced` (fewer, larger sessions)"),
+    Variable("DYNNET_PLAN_PROFILE", "choice", "`auto`",
+             "planner profile of the `cpu` backend: `auto` (least peak that runs within 1.05x onnxruntime's "
+             "time, timed once per model file), `memory` (least peak, untimed) or `balanced` (fewer, larger "
+             "sessions)"),
     Variable("DYNNET_TRT_PRECISION", "choice", "`fp32`",
              "TensorRT precision: `fp32` (TF32 off), `tf32`, `fp16`, `int8` (Q/DQ models), `auto`"),
     Variable("DYNNET_TRT_DLA_CORE", "int", "unset", "`0`/`1`: ask for DLA0/DLA1 (Jetson); unset, `none` or `-1`: GPU"),
@@ -172,7 +174,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
                             layout_dir=read.path("DYNNET_LAYOUT_DIR", home / "layout"),
                             swap_dir=read.path("DYNNET_SWAP_DIR", home / "swap"),
                             map_dir=read.path("DYNNET_MAP_DIR", home / "map")),
-        planner=PlannerSettings(profile=read.choice("DYNNET_PLAN_PROFILE", PLAN_PROFILES, "memory")),
+        planner=PlannerSettings(profile=read.choice("DYNNET_PLAN_PROFILE", PLAN_PROFILES, "auto")),
         tensorrt=TensorRTSettings(
             precision=read.choice("DYNNET_TRT_PRECISION", TRT_PRECISIONS, "fp32"),
             dla_core=None if dla is not None and dla.lower() in ("none", "-1")

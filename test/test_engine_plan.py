@@ -17,7 +17,8 @@ from dynnet_ros.engine.backends import load_for_backend
 from dynnet_ros.engine.model_io import input_specs, load_model
 from dynnet_ros.engine.ort_features import ort_features
 from dynnet_ros.engine.plan.control import IfRunner
-from dynnet_ros.engine.plan.executor import PlannedExecutor
+from dynnet_ros.engine.plan.executor import PlannedExecutor, reference_shapes
+from dynnet_ros.engine.plan.graph import GraphIndex
 from dynnet_ros.engine.plan.options import PlannerOptions
 from dynnet_ros.engine.plan.simplify import simplify
 from dynnet_ros.zoo import MODEL_NAMES, ensure_model
@@ -379,3 +380,61 @@ def test_planner_chooses_the_cheaper_granularity(engines):
         assert costs[executor.granularity] == min(costs.values())
         chosen[name] = executor.granularity
     assert chosen == {"multiexit": "fine", "lane": "auto"}  # 12.5 -> 9.4 MB lower bound vs no gain on lane
+
+
+def _normalised_model(first: str) -> onnx.ModelProto:
+    """``first`` (Conv, ConvTranspose or Add) -> BatchNormalization -> Relu, then a Conv, at 8 channels."""
+    rng = np.random.default_rng(0)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, "H", "W"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.1, "w"),
+             numpy_helper.from_array(rng.standard_normal((8, 8, 2, 2)).astype(np.float32) * 0.1, "wt"),
+             numpy_helper.from_array(rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.1, "w2")]
+    inits += [numpy_helper.from_array(np.abs(rng.standard_normal(8)).astype(np.float32) + 0.5, n)
+              for n in ("scale", "bias", "mean", "var")]
+    head = {"Conv": helper.make_node("Conv", ["x", "w"], ["a"], pads=[1, 1, 1, 1]),
+            "ConvTranspose": helper.make_node("ConvTranspose", ["x", "wt"], ["a"], strides=[2, 2]),
+            "Add": helper.make_node("Add", ["x", "x"], ["a"])}[first]
+    nodes = [head, helper.make_node("BatchNormalization", ["a", "scale", "bias", "mean", "var"], ["n"]),
+             helper.make_node("Relu", ["n"], ["r"]), helper.make_node("Conv", ["r", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    model = helper.make_model(helper.make_graph(nodes, "normalised", [x], [y], inits),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("first, together", [("Conv", ["Conv", "BatchNormalization", "Relu"]),
+                                             ("ConvTranspose", ["ConvTranspose", "BatchNormalization"]),
+                                             ("Add", [])])
+def test_only_pairs_onnxruntime_fuses_share_a_segment(first, together):
+    """A BatchNormalization's activation joins it only after a Conv that folds it (onnxruntime has no
+    BN+activation kernel, nor ConvTranspose+activation): elsewhere the intermediate would be a big
+    tensor allocated inside the segment on every run, where a cut puts it in the arena."""
+    model = _normalised_model(first)
+    executor = PlannedExecutor(model, PlannerOptions(threads=1, granularity="fine", simplify=False, cost_model=False,
+                                                     stem_bands=0))
+    try:
+        groups = [[executor.graph.nodes[n].op_type for n in s.nodes] for s in executor.segments]
+        shared = [g for g in groups if len(g) > 1]
+        assert shared == ([together] if together else []), groups
+        feeds = {"x": np.random.default_rng(1).standard_normal((1, 8, 24, 32)).astype(np.float32)}
+        expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+        np.testing.assert_allclose(executor.run(feeds)["y"], expected[0], rtol=1e-4, atol=1e-5)
+    finally:
+        executor.close()
+
+
+def test_reference_shapes_size_a_batch_of_one_however_the_exporter_names_it():
+    """The planner weighs cuts at one image: a first dim of a rank >= 3 input is the batch whatever
+    its name (paddle2onnx writes ``p2o.DynamicDimension.0``); other dynamic dims at the side."""
+    inputs = [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["p2o.DynamicDimension.0", 3, "h", "w"]),
+              helper.make_tensor_value_info("tokens", TensorProto.INT64, ["length", "width"]),
+              helper.make_tensor_value_info("audio", TensorProto.FLOAT, ["batch", "samples"]),
+              helper.make_tensor_value_info("legacy", TensorProto.FLOAT, [-1, 3, 8]),
+              helper.make_tensor_value_info("series", TensorProto.FLOAT, ["time"])]
+    nodes = [helper.make_node("Identity", [i.name], [f"{i.name}_out"]) for i in inputs]
+    outputs = [helper.make_tensor_value_info(f"{i.name}_out", i.type.tensor_type.elem_type, None) for i in inputs]
+    model = helper.make_model(helper.make_graph(nodes, "inputs", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    assert reference_shapes(GraphIndex.build(model), 640) == {
+        "image": (1, 3, 640, 640), "tokens": (640, 640), "audio": (1, 640), "legacy": (1, 3, 8), "series": (640,)}

@@ -81,10 +81,13 @@ def stamp(msg) -> tuple[int, int, str]:
 
 def test_up_record_writes_inputs_and_outputs_and_ctrl_c_finalises(tmp_path):
     """`--no-sim`, the simulator started apart as a robot's driver would be: its topics are recorded
-    because the graph's nodes subscribe to them."""
+    because the graph's nodes subscribe to them, and the model nodes are held until the recorder
+    gets their inputs. The driver's camera is reliable (a QoS override), so the recorder, which
+    then subscribes reliable, loses no frame a best-effort model node gets."""
     out = tmp_path / "graph.mcap"
     driver = subprocess.Popen([sys.executable, "-m", "dynnet_ros.nodes.sensor_sim", "--ros-args", "-r", f"__ns:={NS}",
-                               "-p", "rate_hz:=2.0", "-p", f"resolutions:=['{SIZE}']", "-p", "lidar_azimuth_steps:=64"],
+                               "-p", "rate_hz:=2.0", "-p", f"resolutions:=['{SIZE}']", "-p", "lidar_azimuth_steps:=64",
+                               "-p", f"qos_overrides.{INPUTS[0]}.publisher.reliability:=reliable"],
                               cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
     up = Up(graph_config(tmp_path / "graph.yaml"), NS, ("--no-sim", "--record", str(out), "--duration", "900"))
@@ -107,6 +110,8 @@ def test_up_record_writes_inputs_and_outputs_and_ctrl_c_finalises(tmp_path):
     assert counts.get(f"{NS}/dynnet/model_profiles", 0) >= 1  # every topic the graph's nodes publish
     assert "/rosout" not in counts and "/parameter_events" not in counts
     assert up.out[0].startswith("dynnet up: 3 nodes")  # lane, depth, recorder: the simulator is no graph node
+    for node in ("lane_node", "depth_node"):  # held until the recorder got the driver's frames
+        assert up.supervisor("INFO", f"{node} enabled: the recorder records"), up.log()
     frames = {stamp(msg) for msg in decoded[INPUTS[0]]}
     for topic in OUTPUTS:  # outputs copy their camera frame's header; that frame is in the bag too
         stamps = [stamp(msg) for msg in decoded[topic]]

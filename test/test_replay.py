@@ -27,7 +27,7 @@ from _waiting import wait_for
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.parameter import Parameter
 from rclpy.parameter_client import AsyncParameterClient
-from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from rclpy.serialization import serialize_message
 from rosbags.rosbag2 import StoragePlugin, Writer
 from rosbags.typesys import Stores, get_typestore
@@ -291,8 +291,11 @@ RELIABLE = QoSProfile(depth=50, reliability=ReliabilityPolicy.RELIABLE)
 
 
 def reliable_sensor_links(namespace: str, entity: str) -> dict:
-    """QoS overrides that make every sensor link of a node reliable (no frame lost in transport)."""
-    return {f"{namespace}/{topic}": {entity: {"reliability": "reliable"}} for topic in SENSOR_TOPICS}
+    """QoS overrides that make every sensor link of a node reliable (no frame lost in transport)
+    and transient-local (a subscription that matches a publisher only after its first frame was
+    sent still gets it: DDS matches each side on its own)."""
+    return {f"{namespace}/{topic}": {entity: {"reliability": "reliable", "durability": "transient_local"}}
+            for topic in SENSOR_TOPICS}
 
 
 def parity_config(tmp_path: Path, enabled: bool, namespace: str) -> Path:
@@ -320,25 +323,34 @@ def _answered(observer: Observer, stamps: list[int]) -> bool:
 
 
 def _unanswered(observer: Observer, stamps: list[int]) -> str:
-    """Which frames each output is missing (for a failure message)."""
+    """Which frames each output is missing, and which the observer's own camera subscription
+    missed (for a failure message)."""
     outputs = observer.snapshot()[0]
-    return "; ".join(f"{t} lacks {sorted(set(stamps) - set(outputs.get(t, [])))}" for t in OUTPUTS)
+    return "; ".join(f"{t} lacks {sorted(set(stamps) - set(outputs.get(t, [])))}"
+                     for t in (*OUTPUTS, "/camera/image_raw"))
 
 
 def wait_for_graph(observer: Observer, up: Up, namespace: str) -> None:
     """Until the model nodes and the observer subscribe to the camera and the observer has matched
     every output publisher (so no first output is published before anyone can receive it)."""
     node = observer.ros.node
+
+    def sensor_links(topic: str) -> list:
+        """The topic's publishers and the model nodes' subscriptions, as the ROS graph shows them."""
+        return [*node.get_publishers_info_by_topic(f"{namespace}/{topic}"),
+                *(s for s in node.get_subscriptions_info_by_topic(f"{namespace}/{topic}")
+                  if s.node_name in MODEL_NODES)]
+
     wait_for(lambda: up.proc.poll() is not None or (node.count_subscribers(f"{namespace}/camera/image_raw") >= 4
-                                                    and observer.matched_outputs()),
-             420, "the model nodes (and the observer) to subscribe to the camera, the outputs to be matched")
+                                                    and observer.matched_outputs()
+                                                    and all(sensor_links(t) for t in SENSOR_TOPICS)),
+             420, "the model nodes (and the observer) to subscribe to the sensors, the outputs to be matched")
     assert up.proc.poll() is None, up.log()
-    for topic in SENSOR_TOPICS:  # the QoS overrides reached rclpy: every sensor link is reliable
-        links = [*node.get_publishers_info_by_topic(f"{namespace}/{topic}"),
-                 *(s for s in node.get_subscriptions_info_by_topic(f"{namespace}/{topic}")
-                   if s.node_name in MODEL_NODES)]
-        assert links and all(i.qos_profile.reliability == ReliabilityPolicy.RELIABLE for i in links), \
-            (topic, [(i.node_name, i.qos_profile.reliability) for i in links])
+    for topic in SENSOR_TOPICS:  # the QoS overrides reached rclpy: every sensor link is reliable, transient-local
+        links = sensor_links(topic)
+        assert all(i.qos_profile.reliability == ReliabilityPolicy.RELIABLE
+                   and i.qos_profile.durability == DurabilityPolicy.TRANSIENT_LOCAL for i in links), \
+            (topic, [(i.node_name, i.qos_profile.reliability, i.qos_profile.durability) for i in links])
 
 
 def live_outputs(tmp_path: Path) -> tuple[int, dict[str, list[int]]]:

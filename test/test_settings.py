@@ -36,7 +36,7 @@ def test_defaults_without_any_variable():
     s = load_settings({})
     home = Path.home() / ".cache" / "dynnet_ros"
     assert (s.cache.zoo_dir, s.cache.layout_dir, s.cache.swap_dir) == (home / "zoo", home / "layout", home / "swap")
-    assert s.planner.profile == "memory"
+    assert s.planner.profile == "auto"
     trt = s.tensorrt
     assert (trt.precision, trt.dla_core, trt.gpu_fallback, trt.shapes) == ("fp32", None, True, None)
     assert trt.max_profiles == 4

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 import rclpy
 from rclpy.node import Node
 from rclpy.publisher import Publisher
-from rclpy.qos import QoSProfile, ReliabilityPolicy
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.signals import SignalHandlerOptions
 from rosgraph_msgs.msg import Clock
 
@@ -26,10 +26,11 @@ from dynnet_ros.bags.pacing import NS, Pacing, Step
 from dynnet_ros.bags.topics import TopicPlan
 from dynnet_ros.nodes.message_types import message_class
 
-#: every played topic: reliable, depth 10. A reliable publisher serves best-effort subscribers (the
-#: sensor-data QoS the model nodes use, delivered best effort) and reliable ones (a node whose camera
-#: link a QoS override makes reliable, to evaluate on a bag without losing a frame) alike.
-TOPIC_QOS = QoSProfile(depth=10)
+#: every played topic: reliable, transient-local, depth 10. Such a publisher serves best-effort and
+#: volatile subscribers (the sensor-data QoS the model nodes use) and reliable, transient-local ones
+#: (a node whose sensor links QoS overrides make so, to evaluate on a bag without losing a frame:
+#: a subscription that matches the player only after a message was sent still gets it) alike.
+TOPIC_QOS = QoSProfile(depth=10, durability=DurabilityPolicy.TRANSIENT_LOCAL)
 #: how long playing waits after the writers have matched the graph's readers, for the readers to
 #: match the writers back (``BagPlayer.wait_for_subscribers``)
 MATCH_SETTLE_S = 1.0

@@ -11,11 +11,13 @@ import onnx
 import onnxruntime as ort
 
 from dynnet_ros.commands import arguments
-from dynnet_ros.engine.backends.cpu_planned import create_planned_executor
+from dynnet_ros.engine.backends.cpu_planned import create_planned_executor, timed_point
+from dynnet_ros.engine.backends.cut_verdict import cut_verdict
 from dynnet_ros.engine.backends.registry import load_for_backend
 from dynnet_ros.engine.plan.executor import PlannedExecutor, reference_shapes
 from dynnet_ros.engine.plan.graph import node_name
 from dynnet_ros.engine.plan.memory_plan import greedy_by_size
+from dynnet_ros.engine.plan.options import plan_profile
 from dynnet_ros.units import MB
 from dynnet_ros.zoo import resolve_model_spec
 
@@ -41,14 +43,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def build_report(model_spec: str, shapes: dict[str, tuple[int, ...]], granularity: str = "choose",
                  layout: str = "nchwc") -> dict:
     path = resolve_model_spec(model_spec)
+    # the cut verdict Engine runs under (the profile's; timed under "auto", cached per model file)
+    verdict = cut_verdict(path, None, layout, plan_profile()) if granularity == "choose" else None
+    timing = (verdict or {}).get("timing")
+    if verdict and verdict.get("fallback"):
+        return {"model": path, "fallback": verdict["reason"], "cuts": verdict.get("cuts"), "timing": timing}
     skeleton = load_for_backend("cpu", path)
-    executor = create_planned_executor(skeleton, layout=layout, granularity=granularity, versions=False)
+    executor = create_planned_executor(skeleton, layout=layout, granularity=granularity, versions=False,
+                                       **timed_point(verdict))
     if not isinstance(executor, PlannedExecutor):
         plan = executor.executor_stats().details.get("plan")
         executor.close()
         if plan is None:
             raise ValueError(f"the planned engine cannot run {path}; Engine would fall back to plain onnxruntime")
-        return {"model": path, "fallback": plan["reason"], "cuts": plan["cuts"]}
+        return {"model": path, "fallback": plan["reason"], "cuts": plan["cuts"], "timing": timing}
     try:
         graph = executor.graph
         if not shapes:
@@ -72,6 +80,7 @@ def build_report(model_spec: str, shapes: dict[str, tuple[int, ...]], granularit
             "layout": executor.options.layout,
             "granularity": executor.granularity,
             "cuts": None if executor.cut_choice is None else executor.cut_choice.describe(),
+            "timing": timing,
             "partitions": [s.describe(graph) for s in executor.segments],
             "order": [node_name(graph.nodes[n], n) for n in executor.order],
             "memory_plan": {
@@ -119,10 +128,25 @@ def _print_cuts(cuts: dict | None) -> None:
     print(f"chosen: {cuts['reason']}")
 
 
+def _print_timing(timing: dict | None) -> None:
+    """The points the "auto" profile timed against one plain onnxruntime session (cut_timing.py)."""
+    if not timing:
+        return
+    if "error" in timing:
+        print(f"not timed: {timing['error']}")
+        return
+    shapes = ", ".join(f"{name} {'x'.join(map(str, shape))}" for name, shape in timing["shapes"].items())
+    probes = ", ".join(f"{p['segments']} segments {p['ratio']:.3f}x" for p in timing["probes"])
+    print(f"timed at {shapes} against one onnxruntime session (limit {timing['limit']:.2f}x, load "
+          f"{timing['load_per_core']:.2f} per core): {probes}")
+
+
 def _print(report: dict, show_order: bool) -> None:
     if "fallback" in report:
         print(f"model {report['model']}")
         _print_cuts(report["cuts"])
+        _print_timing(report.get("timing"))
+        print(f"verdict: {report['fallback']}")
         print("Engine runs this model as one plain onnxruntime session (its own arena); "
               "Engine.stats()['plan'] says so too")
         return
@@ -140,6 +164,7 @@ def _print(report: dict, show_order: bool) -> None:
         print(f"simplification: removed {removed}; fused/rewritten {fused}")
         print(f"shape ops before {simp['shape_ops_before']} after {simp['shape_ops_after']}")
     _print_cuts(report["cuts"])
+    _print_timing(report.get("timing"))
     print(f"partitions: {len(report['partitions'])} (granularity {report['granularity']})")
     for part in report["partitions"]:
         ops = ", ".join(part["nodes"][:6]) + (" ..." if len(part["nodes"]) > 6 else "")

@@ -17,6 +17,12 @@ OOM kill from another SIGKILL (budget/oom.py: kernel counters read around the de
 it to the budget manager on dynnet/node_events and waits up to OOM_ANSWER_TIMEOUT_S for the
 manager's answer, so the node restarts with the lowered budget; and it restarts every node with
 the parameter values set on it at run time (seen on /parameter_events) over the config's.
+
+With ``--record`` the model nodes start with ``enabled: false`` and the supervisor enables each
+one once the recorder has a message from each of its sensor inputs and subscribes to each of its
+outputs (``RecordingHold``): the recorder finds the inputs only when it sees a node subscribe to
+them, and a frame a model answered before the recorder matched its sensor would leave an output
+in the bag whose frame is not there.
 """
 from __future__ import annotations
 
@@ -55,6 +61,7 @@ from dynnet_ros.graph_config import (
     view_process,
 )
 from dynnet_ros.nodes.parameter_check import check_graph_parameters
+from dynnet_ros.nodes.recorder import unrecorded_inputs
 from dynnet_ros.nodes.supervisor_link import SupervisorLink
 from dynnet_ros.view.server import DEFAULT_PORT
 
@@ -66,6 +73,14 @@ _PR_SET_PDEATHSIG = 1
 SIGNALS_PERIOD_S = 1.0
 #: how long a node killed for memory waits, beyond its respawn delay, for the budget manager's answer
 OOM_ANSWER_TIMEOUT_S = 5.0
+#: executables whose outputs answer camera frames: held (enabled=false) under --record until the
+#: recorder records their inputs
+HELD_EXECUTABLES = ("lane_node", "pedestrian_node", "depth_node")
+#: how long a held node, once its camera has a publisher, waits for the recorder before it starts anyway
+RECORD_HOLD_S = 30.0
+#: how long the supervisor waits for a held node to answer the call that enables it before calling again
+#: (the node may have restarted meanwhile)
+ENABLE_ANSWER_S = 10.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -176,6 +191,8 @@ class GraphRunner:
         self._ros_link = ros_link
         self.link: SupervisorLink | None = None
         self._events = 0
+        #: (node, parameter) changes the supervisor makes itself: not reported as set at run time
+        self.own_changes: set[tuple[str, str]] = set()
 
     def _print(self, name: str, line: str) -> None:
         with self._print_lock:
@@ -199,8 +216,9 @@ class GraphRunner:
     def start(self) -> None:
         self.prepare_models()
         if self._ros_link:
+            recorder = next((fq_node_name(n) for n in self.nodes if n.executable == "recorder"), None)
             self.link = SupervisorLink(self.namespace, [fq_node_name(n) for n in self.nodes], self.runtime,
-                                       self._on_parameter_change)
+                                       self._on_parameter_change, recorder=recorder)
         for node, cmd in self.commands():
             proc, reader = self._spawn(node.name, cmd)
             self.children.append(Child(node, cmd, proc, reader))
@@ -219,6 +237,9 @@ class GraphRunner:
             print(f"dynnet up: {message}", file=sys.stderr, flush=True)
 
     def _on_parameter_change(self, node: str, name: str, value: Any) -> None:
+        if (node, name) in self.own_changes:
+            self.own_changes.discard((node, name))
+            return
         if name != BUDGET_PARAM:  # the budget manager's pushes are logged on its side
             short = next((n.name for n in self.nodes if fq_node_name(n) == node), node)
             self._report("INFO", f"{short} {name} = {value!r} set at run time; kept for its restarts")
@@ -408,6 +429,83 @@ class GraphRunner:
             self.stop()
 
 
+class RecordingHold:
+    """``dynnet up --record``: the model nodes start disabled and are enabled one by one once the
+    recorder records their inputs, so every output in the bag answers a frame that is in it too.
+
+    Why the supervisor holds the nodes and not the sensors: the sensors may be a robot's drivers,
+    started apart. The recorder finds a sensor topic when a model node subscribes to it (after
+    loading its model), and until the recorder's subscription has matched the sensor's publisher
+    the node answers frames the recorder never gets. A node is enabled once the recorder has a
+    message from each of its sensor inputs that has a publisher (``unrecorded_inputs``): from
+    then on every frame goes to both. A node whose camera has no publisher yet stays held (it
+    has nothing to answer); one whose inputs the recorder does not get within ``RECORD_HOLD_S``
+    of its camera having a publisher starts anyway, with a WARN line naming the topics.
+    Call ``step`` periodically, as ``run`` does; nodes the config disables are not held.
+    """
+
+    def __init__(self, runner: GraphRunner, recorder: str, nodes: list[str]) -> None:
+        self.runner = runner
+        self.recorder = recorder
+        self.waiting: dict[str, float | None] = dict.fromkeys(nodes)  # node -> when its camera had a publisher
+        self._calls: dict[str, tuple[float, Any]] = {}  # node -> (when, the enabling call's future)
+
+    @staticmethod
+    def hold(runner: GraphRunner) -> list[str]:
+        """Start the graph's model nodes with ``enabled: false``; their fully qualified names."""
+        held = [n.name for n in runner.nodes if n.executable in HELD_EXECUTABLES
+                and n.parameters.get("enabled", True) is not False]
+        runner.nodes = [replace(n, parameters={**n.parameters, "enabled": False}) if n.name in held else n
+                        for n in runner.nodes]
+        return [fq_node_name(n) for n in runner.nodes if n.name in held]
+
+    def done(self) -> bool:
+        return not self.waiting
+
+    def step(self, now: float) -> None:
+        link = self.runner.link
+        if link is None:
+            return
+        for node in list(self.waiting):
+            short = node.rpartition("/")[2]
+            if node in self._calls:
+                self._answer(node, short, now)
+                continue
+            missing = unrecorded_inputs(link.node, self.recorder, node, link.recorder_status())
+            if missing is None:
+                continue
+            since = self.waiting[node]
+            if since is None:
+                since = self.waiting[node] = now
+            if missing and now - since < RECORD_HOLD_S:
+                continue
+            self.runner.own_changes.add((node, "enabled"))
+            future = link.set_parameter(node, "enabled", True)
+            if future is None:  # its parameter service is not discovered yet
+                continue
+            self._calls[node] = (now, future)
+            if missing:
+                self.runner._report("WARN", f"{short}: the recorder has nothing from {', '.join(missing)} after "
+                                            f"{RECORD_HOLD_S:g} s; enabling it anyway (the bag may hold outputs "
+                                            "without their frames)")
+
+    def _answer(self, node: str, short: str, now: float) -> None:
+        called, future = self._calls[node]
+        if not future.done():
+            if now - called >= ENABLE_ANSWER_S:  # no answer (the node may have restarted): call again
+                del self._calls[node]
+            return
+        del self._calls[node]
+        result = None if future.exception() is not None else future.result()
+        del self.waiting[node]
+        if result is not None and result.results and result.results[0].successful:
+            self.runner._report("INFO", f"{short} enabled: the recorder records its inputs and outputs")
+            return
+        reason = result.results[0].reason if result is not None and result.results else str(future.exception())
+        self.runner.own_changes.discard((node, "enabled"))
+        self.runner._report("WARN", f"{short}: could not enable it after holding it for the recorder: {reason}")
+
+
 class StopRequest:
     """SIGINT/SIGTERM set an event instead of raising, so shutdown runs in one place."""
 
@@ -449,9 +547,13 @@ def run(args: argparse.Namespace) -> int:
         if args.foxglove else ()
     runner = GraphRunner(config, use_sim=not args.no_sim, namespace=args.namespace, ros_link=True,
                          memory_root=args.memory_root, extra=extra)
+    hold: RecordingHold | None = None
     if args.record is not None:  # follows every node started so far: the inputs and every output
-        runner.nodes.append(recorder_process(runner.namespace, args.record, "mcap",
-                                             [fq_node_name(n) for n in runner.nodes]))
+        recorder = recorder_process(runner.namespace, args.record, "mcap", [fq_node_name(n) for n in runner.nodes])
+        held = RecordingHold.hold(runner)
+        runner.nodes.append(recorder)
+        if held:
+            hold = RecordingHold(runner, fq_node_name(recorder), held)
     env = runner.env
     print(f"dynnet up: {len(runner.nodes)} nodes from {config.source} "
           f"(ROS_DOMAIN_ID={env.get('ROS_DOMAIN_ID', '0')}, "
@@ -461,10 +563,15 @@ def run(args: argparse.Namespace) -> int:
     status = 0
     with StopRequest() as stop:
         runner.start()
+        if hold is not None:
+            runner._report("INFO", f"{', '.join(n.rpartition('/')[2] for n in hold.waiting)} start with enabled=false "
+                                   "until the recorder records their inputs (--record)")
         deadline = None if args.duration is None else time.monotonic() + args.duration
         try:
             while not stop.event.is_set():
                 runner.supervise()
+                if hold is not None and not hold.done():
+                    hold.step(time.monotonic())
                 if runner.all_down():
                     print("dynnet up: every node is down; stopping", file=sys.stderr, flush=True)
                     status = 1

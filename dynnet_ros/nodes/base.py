@@ -20,6 +20,7 @@ from rclpy.callback_groups import CallbackGroup
 from rclpy.clock import Clock, ClockType
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.node import Node
+from rclpy.qos import QoSPolicyKind
 from rclpy.qos_overriding_options import QoSOverridingOptions
 from rclpy.signals import SignalHandlerOptions
 from rclpy.timer import Timer
@@ -31,9 +32,11 @@ CALLBACK_GRACE_S = 1.0
 #: the spin loop also checks for a stop request this often
 STOP_POLL_S = 0.5
 #: sensor publishers and subscriptions take ROS 2's standard QoS overrides (read-only parameters
-#: ``qos_overrides.<resolved topic>.<publisher|subscription>.<history|depth|reliability>``), so a
-#: deployment can make a camera link reliable, e.g. to evaluate on a bag without losing a frame
-SENSOR_QOS_OVERRIDES = QoSOverridingOptions.with_default_policies()
+#: ``qos_overrides.<resolved topic>.<publisher|subscription>.<history|depth|reliability|durability>``),
+#: so a deployment can make a camera link reliable, e.g. to evaluate on a bag without losing a frame,
+#: and transient-local, so a subscription matched after a frame was sent still gets it
+SENSOR_QOS_OVERRIDES = QoSOverridingOptions(policy_kinds=(
+    QoSPolicyKind.HISTORY, QoSPolicyKind.DEPTH, QoSPolicyKind.RELIABILITY, QoSPolicyKind.DURABILITY))
 
 _TYPES = {
     bool: ParameterType.PARAMETER_BOOL,

@@ -21,7 +21,8 @@ QOS_OVERRIDES = "qos_overrides"
 QOS_ENTITIES = {"sensor_sim": "publisher", "lane_node": "subscription", "pedestrian_node": "subscription",
                 "depth_node": "subscription"}
 QOS_POLICY_VALUES = {"reliability": ("reliable", "best_effort", "system_default"),
-                     "history": ("keep_last", "keep_all", "system_default")}
+                     "history": ("keep_last", "keep_all", "system_default"),
+                     "durability": ("volatile", "transient_local", "system_default")}
 
 DECLARED: dict[str, list[ParamSpec]] = {
     "sensor_sim": sensor_sim.PARAMETERS,

@@ -19,7 +19,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
@@ -35,6 +35,10 @@ from dynnet_ros.nodes.message_types import message_class
 EXCLUDED_TOPICS = frozenset({"/rosout", "/parameter_events", "/clock"})
 #: messages a subscription queues while the writer is busy (a burst of three sensor messages per frame)
 QUEUE_DEPTH = 100
+#: the type of the camera frames a model node's outputs copy their header from
+CAMERA_TYPE = "sensor_msgs/msg/Image"
+#: the sensor inputs of a model node (the camera, its CameraInfo, the LiDAR)
+SENSOR_TYPES = frozenset({CAMERA_TYPE, "sensor_msgs/msg/CameraInfo", "sensor_msgs/msg/PointCloud2"})
 
 SPECS = [
     ParamSpec("output", "", "Bag to create: OUT.mcap = one MCAP file, any other name = a rosbag2 directory. "
@@ -87,6 +91,38 @@ def wait_for_recorder(observer: Node, recorder: str, nodes: Iterable[str], stop:
         if missing == [] or stop.is_set() or time.monotonic() >= deadline:
             return missing
         stop.wait(0.2)
+
+
+def unrecorded_inputs(observer: Node, recorder: str, node: str, status: Mapping[str, Any] | None) -> list[str] | None:
+    """What keeps model node ``node`` from starting under ``recorder`` (fully qualified names),
+    as ``observer`` sees the graph and ``status`` (the values of the recorder's latest
+    diagnostics status) tells: the node's sensor inputs with a publisher that the recorder has
+    no message on yet, and the topics the node publishes that the recorder does not subscribe
+    to yet; [] once none is left.
+
+    None while there is nothing to wait for: the node does not subscribe to a camera yet (it
+    does once its model is loaded) or no one publishes its camera. Why a message and not a
+    subscription: the recorder has matched the sensor's publisher once a message arrived, so
+    every later frame reaches the recorder as it reaches the node. A topic the recorder skips
+    (``skipped.<topic>``: a type rosbags cannot store) is not waited for."""
+    try:
+        subscribed = observer.get_subscriber_names_and_types_by_node(*_split(node))
+    except Exception:  # noqa: BLE001 — rclpy raises NodeNameNonExistentError until the node is up
+        return None
+    inputs = [(topic, types) for topic, types in subscribed if SENSOR_TYPES.intersection(types)]
+    cameras = [topic for topic, types in inputs if CAMERA_TYPE in types]
+    if not cameras or not any(observer.count_publishers(topic) for topic in cameras):
+        return None
+    values = status or {}
+
+    def recorded(topic: str) -> bool:
+        count = values.get(f"messages.{topic}", 0)
+        return f"skipped.{topic}" in values or (isinstance(count, int) and count > 0)
+
+    missing = [topic for topic, _ in inputs if not recorded(topic) and observer.count_publishers(topic)]
+    outputs = unrecorded_topics(observer, recorder, [node])
+    missing += [topic for topic in outputs or [] if f"skipped.{topic}" not in values]
+    return sorted(set(missing))
 
 
 class Recorder(Node):

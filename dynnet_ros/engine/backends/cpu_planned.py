@@ -15,7 +15,17 @@ import onnx
 
 from dynnet_ros.engine.backends.base import Executor
 from dynnet_ros.engine.backends.cpu import OrtExecutor
+from dynnet_ros.engine.backends.cut_timing import (
+    Probe,
+    candidates,
+    load_per_core,
+    reference_feeds,
+    search,
+    time_ratio,
+)
 from dynnet_ros.engine.backends.cut_verdict import cut_verdict
+from dynnet_ros.engine.model_io import input_specs
+from dynnet_ros.engine.plan.cost_model import CutChoice
 from dynnet_ros.engine.plan.executor import CutsChosen, NothingToSave, PlannedExecutor
 from dynnet_ros.engine.plan.layout import laid_out_skeleton
 from dynnet_ros.engine.plan.loader import load_skeleton, source_path
@@ -52,8 +62,17 @@ def create_planned_executor(model: onnx.ModelProto | str, *, threads: int | None
         if verdict is not None and verdict.get("fallback"):
             log.info("planned engine not used for this model: %s", verdict.get("reason"))
             return OrtExecutor(path, threads=threads, plan=verdict)
+        options = timed_point(verdict)
     graph = load_skeleton(model) if isinstance(model, str) else model
     return plan_here(graph, threads=threads, layout=layout, options={**profile, **options})
+
+
+def timed_point(verdict: Mapping[str, Any] | None) -> dict[str, Any]:
+    """PlannerOptions fields that make the planner take a timed verdict's point of its curve
+    (none where the verdict names no point: the cost model's pick stands)."""
+    if not verdict or verdict.get("segments") is None:
+        return {}
+    return {"curve_segments": int(verdict["segments"]), "curve_reason": str(verdict.get("reason", ""))}
 
 
 def plan_here(model: onnx.ModelProto, *, threads: int | None, layout: str, options: Mapping[str, Any]) -> Executor:
@@ -83,15 +102,60 @@ def plan_here(model: onnx.ModelProto, *, threads: int | None, layout: str, optio
 
 def decide(path: str, threads: int | None, layout: str, options: Mapping[str, Any]) -> dict:
     """The cut verdict for the model file ``path`` (cut_verdict.py's child process runs this): the
-    analysis of ``plan_here`` up to the cut choice, no session built."""
+    analysis of ``plan_here`` up to the cut choice; where ``options`` set a latency limit, the
+    choice timed against one plain session (``timed_verdict``)."""
     model = load_skeleton(path)
     try:
         plan_here(model, threads=threads, layout=layout, options={**options, "decide_only": True})
     except NothingToSave as exc:
         return {"fallback": True, "reason": exc.choice.reason, "cuts": exc.choice.describe()}
-    except CutsChosen:
-        return {"fallback": False}
+    except CutsChosen as chosen:
+        limit = options.get("latency_limit")
+        if chosen.choice is None or not limit:
+            return {"fallback": False}
+        return timed_verdict(path, threads, layout, options, chosen.choice, chosen.reference_inputs, float(limit))
     return {"fallback": False}  # planning failed: the serving process plans and says why
+
+
+def timed_verdict(path: str, threads: int | None, layout: str, options: Mapping[str, Any], choice: CutChoice,
+                  shapes: Mapping[str, tuple[int, ...]], limit: float) -> dict:
+    """The leanest point of ``choice``'s curve whose run at ``shapes`` stays within ``limit`` x one
+    plain onnxruntime session's time, or one plain session where none does (cut_timing.py)."""
+    points = candidates(choice, float(options.get("fallback_min_saving", PlannerOptions.fallback_min_saving)))
+    feeds = reference_feeds(input_specs(load_skeleton(path)), shapes)
+    baseline = OrtExecutor(path, threads=threads)
+
+    def measure(index: int) -> float:
+        planned = plan_here(load_skeleton(path), threads=threads, layout=layout,
+                            options={**options, "curve_segments": points[index].sessions})
+        try:
+            return time_ratio(planned, baseline, feeds)
+        finally:
+            planned.close()
+
+    at = "x".join(str(d) for shape in shapes.values() for d in shape)
+    try:
+        index, taken = search(len(points), measure, limit)
+    except (ValueError, RuntimeError) as exc:  # feeds the model refuses at the reference shape
+        log.info("cut choice not timed (%s)", exc)
+        return {"fallback": False, "timing": {"error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__}}
+    finally:
+        baseline.close()
+    timing = {"limit": limit, "shapes": {name: list(shape) for name, shape in shapes.items()},
+              "load_per_core": load_per_core(),
+              "probes": [Probe(points[k].sessions, ratio).describe() for k, ratio in taken]}
+    reference = choice.onnxruntime.activation_bytes or 1
+    if index is None:
+        fastest = points[-1]
+        ratio = dict(taken)[len(points) - 1]
+        reason = (f"one onnxruntime session: every cut set that saves memory ran over {limit:.2f}x its time at "
+                  f"{at} (the fastest, {fastest.sessions} segments, took {ratio:.2f}x)")
+        return {"fallback": True, "reason": reason, "cuts": choice.describe(), "timing": timing}
+    point, ratio = points[index], dict(taken)[index]
+    reason = (f"the leanest cut set timed within {limit:.2f}x one onnxruntime session's time at {at}: "
+              f"{point.sessions} segments took {ratio:.2f}x ({point.activation_bytes / reference:.2f}x onnxruntime's "
+              f"predicted activations)")
+    return {"fallback": False, "segments": point.sessions, "reason": reason, "timing": timing}
 
 
 def _one_session(model: onnx.ModelProto, threads: int | None, exc: NothingToSave) -> Executor:

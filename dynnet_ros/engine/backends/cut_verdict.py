@@ -14,6 +14,7 @@ before (the plan's sessions live there).
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -32,7 +33,8 @@ from dynnet_ros.settings import settings
 
 log = logging.getLogger(__name__)
 
-VERDICT_VERSION = 1
+VERDICT_VERSION = 2
+LOCK_NAME = ".deciding.lock"
 #: the child's module: ``python -m CHILD_MODULE PATH THREADS LAYOUT OPTIONS_JSON`` prints the verdict
 CHILD_MODULE = "dynnet_ros.engine.backends.cpu_planned"
 
@@ -58,10 +60,32 @@ def cut_verdict(path: str, threads: int | None, layout: str, options: Mapping[st
         target = verdict_dir() / f"{_key(path, threads, layout, options)}.json"
     except (OSError, TypeError, ValueError):  # unreadable file, options that are not JSON data
         return None
+    cached = _read(target)
+    if cached is not None:
+        return cached
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target.parent / LOCK_NAME, "a") as lock:
+            # one verdict decided at a time per cache: timed verdicts of nodes starting together
+            # would otherwise time each other's load; a verdict written meanwhile is taken as it is
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            cached = _read(target)
+            return cached if cached is not None else _decide(path, threads, layout, options, target, timeout_s)
+    except OSError as exc:  # a cache folder that cannot be written: decide unlocked, uncached
+        log.info("cut verdict cache unavailable (%s)", exc)
+        return _decide(path, threads, layout, options, None, timeout_s)
+
+
+def _read(target: Path) -> dict | None:
     try:
         return dict(json.loads(target.read_text()))
     except (OSError, ValueError, TypeError):
-        pass
+        return None
+
+
+def _decide(path: str, threads: int | None, layout: str, options: Mapping[str, Any], target: Path | None,
+            timeout_s: float) -> dict | None:
+    """The verdict from a child process, written to ``target`` (None: not cached)."""
     try:
         proc = subprocess.run([sys.executable, "-m", CHILD_MODULE, path, str(threads or 0), layout,
                                json.dumps(dict(options))], capture_output=True, text=True, timeout=timeout_s,
@@ -77,8 +101,9 @@ def cut_verdict(path: str, threads: int | None, layout: str, options: Mapping[st
         verdict = dict(json.loads(proc.stdout.strip().splitlines()[-1]))
     except (IndexError, ValueError, TypeError):
         return None
+    if target is None:
+        return verdict
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(verdict))
         os.replace(tmp, target)  # atomic: a concurrent writer's verdict is the same

@@ -84,11 +84,13 @@ class NothingToSave(ValueError):
 
 class CutsChosen(Exception):
     """The cut choice made under ``PlannerOptions.decide_only``: the model is to be cut (``choice``
-    is None where the cost model did not run). Not a ValueError: nothing failed."""
+    is None where the cost model did not run), weighed at ``reference_inputs`` (input shapes).
+    Not a ValueError: nothing failed."""
 
-    def __init__(self, choice: CutChoice | None) -> None:
+    def __init__(self, choice: CutChoice | None, reference_inputs: Mapping[str, tuple[int, ...]]) -> None:
         super().__init__("cut set chosen" if choice is None else choice.reason)
         self.choice = choice
+        self.reference_inputs = dict(reference_inputs)
 
 
 def _names_read(node: onnx.NodeProto) -> list[str]:
@@ -117,18 +119,23 @@ def _macs_per_output(node: onnx.NodeProto, initializers: Mapping[str, onnx.Tenso
 
 
 def reference_shapes(graph: GraphIndex, side: int) -> dict[str, tuple[int, ...]]:
-    """Pin every dynamic input dim to ``side``; batch-like dims (named N/batch, or a first dim with
-    neither value nor name) to 1."""
+    """Pin every dynamic input dim to ``side``; batch-like dims to 1: named N/batch, a first dim
+    with neither value nor name, or the first dim of an input of rank 3 or more (NCHW, NCL,
+    NHWC) whatever its name — exporters name it freely (paddle2onnx: ``p2o.DynamicDimension.0``),
+    and sizing a batch of ``side`` images would weigh every cut at hundreds of times the size a
+    node feeds."""
     shapes = {}
     for value in graph.model.graph.input:
         if value.name not in graph.inputs:
             continue
-        dims = []
+        dims: list[int] = []
+        rank = len(value.type.tensor_type.shape.dim)
         for d in value.type.tensor_type.shape.dim:
             if d.HasField("dim_value") and d.dim_value >= 0:  # -1 marks a dynamic dim in some exporters
                 dims.append(int(d.dim_value))
-            elif (d.dim_param or "").lower() in ("n", "batch", "batch_size", "b") or not (dims or d.dim_param):
-                dims.append(1)  # a batch axis: named so, or a first dim with neither value nor name
+            elif (d.dim_param or "").lower() in ("n", "batch", "batch_size", "b") or not (dims or d.dim_param) \
+                    or (not dims and rank >= 3):
+                dims.append(1)
             else:
                 dims.append(side)
         shapes[value.name] = tuple(dims)
@@ -182,7 +189,7 @@ class PlannedExecutor:
         if opts.cost_model and opts.shared_weights is None and not opts.max_segment_weight_bytes:
             self.cut_choice = self._choose_cuts()
         if opts.decide_only:
-            raise CutsChosen(self.cut_choice)
+            raise CutsChosen(self.cut_choice, self._reference_inputs(opts.reference_side))
         self._check_boundary_types()
         self.branch_runners = self._build_branch_runners(weights)
         if self._stem is not None:
@@ -301,6 +308,13 @@ class PlannedExecutor:
         curve = merge_curve(facts, table, [s.nodes for s in self.segments], lambda i: i not in fixed)
         choice = choose(curve, single_session(facts, table), memory_target=opts.memory_target,
                         fallback_min_saving=opts.fallback_min_saving, sized=facts.sized)
+        if opts.curve_segments is not None:  # the timed verdict's point (backends/cut_timing.py)
+            timed = next((p for p in curve if p.sessions == opts.curve_segments), None)
+            if timed is None:
+                log.info("no cut set of %d segments on this curve; the cost model's pick is used",
+                         opts.curve_segments)
+            else:
+                choice = CutChoice(choice.curve, timed, choice.onnxruntime, opts.curve_reason or choice.reason)
         if choice.fallback:
             raise NothingToSave(choice)
         if len(choice.chosen.groups) != len(self.segments):

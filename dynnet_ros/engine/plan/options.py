@@ -73,6 +73,14 @@ class PlannerOptions:
     memory_target: float = 0.6             # activation peak the cut choice aims at, x onnxruntime's
     fallback_min_saving: float = 0.1       # below this saving of onnxruntime's activations: one session
     cost_table: CostTable | None = None    # None: this machine's measured table (plan/cost_table.py)
+    # The most time the cut set may take, x one plain onnxruntime session's, timed on the model
+    # at its reference shape by the verdict's child process (backends/cut_timing.py); None: the
+    # cost model's pick is not timed. A model given in memory (no file, so no verdict) is not timed.
+    latency_limit: float | None = None
+    # The curve's point with this many segments instead of the cost model's pick, and why (the
+    # timed verdict's choice, handed to the serving process)
+    curve_segments: int | None = None
+    curve_reason: str = ""
     # Stop right after the cut choice, before any session exists, raising CutsChosen (or
     # NothingToSave): how backends/cut_verdict.py's child process decides without building.
     decide_only: bool = False
@@ -84,11 +92,14 @@ LEVELS = {"disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
           "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
           "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
 
-#: Planner settings per profile ($DYNNET_PLAN_PROFILE). "memory" (default): segments cut wherever
-#: the arena plan can hold a big tensor, no onnxruntime arena (lowest peak). "balanced": segments
-#: only at data-dependent ops and control flow, each session with onnxruntime's own arena (closer
-#: to a plain session's wall time). Figures: docs/engine.md, "Profiles".
-PROFILES: dict[str, dict[str, Any]] = {"memory": {},
+#: Planner settings per profile ($DYNNET_PLAN_PROFILE). "auto" (default): the leanest cut set
+#: whose timed run stays within ``AUTO_LATENCY_LIMIT`` x one plain onnxruntime session's, else one
+#: plain session. "memory": the cost model's pick, untimed: segments cut wherever the arena plan
+#: can hold a big tensor, no onnxruntime arena (lowest peak, whatever it costs in time).
+#: "balanced": segments only at data-dependent ops and control flow, each session with
+#: onnxruntime's own arena. Figures: docs/engine.md, "Profiles".
+AUTO_LATENCY_LIMIT = 1.05  # "no slower than onnxruntime", with room for the timing's noise
+PROFILES: dict[str, dict[str, Any]] = {"auto": {"latency_limit": AUTO_LATENCY_LIMIT}, "memory": {},
                                        "balanced": {"granularity": "coarse", "segment_arena": True}}
 
 

@@ -21,8 +21,10 @@ from dynnet_ros.engine.plan.graph import CONTROL_FLOW_OPS, GraphIndex, node_inpu
 FUSABLE = {
     "FusedConv": {"BatchNormalization"},
     "Conv": {"Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "BatchNormalization"},
-    "ConvTranspose": {"Relu", "BatchNormalization"},
-    "BatchNormalization": {"Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid"},  # after Conv+BN
+    "ConvTranspose": {"BatchNormalization"},  # folded; an activation after it stays a kernel of its own
+    # only where the BatchNormalization is folded into a Conv before it (_fuses): onnxruntime has no
+    # BatchNormalization+activation kernel, so elsewhere the normalised tensor materialises
+    "BatchNormalization": {"Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid"},
     "Gemm": {"Relu", "Sigmoid", "Tanh"},
     "MatMul": {"Add"},
 }
@@ -137,7 +139,12 @@ def _fuses(graph: GraphIndex, producer: int, consumer: int) -> bool:
     if c.op_type not in FUSABLE.get(p.op_type, ()):
         return False
     out = p.output[0]
-    return graph.consumers.get(out, []) == [consumer] and out not in graph.outputs and c.input[0] == out
+    if not (graph.consumers.get(out, []) == [consumer] and out not in graph.outputs and c.input[0] == out):
+        return False
+    if p.op_type == "BatchNormalization":
+        source = graph.producer.get(p.input[0])
+        return source is not None and _fuses(graph, source, producer) and graph.nodes[source].op_type == "Conv"
+    return True
 
 
 def _is_small(sizes: Mapping[str, int | None], name: str, limit: int) -> bool:
