@@ -181,7 +181,7 @@ class GraphRunner:
         self.children: list[Child] = []
         self.stopping = False
         self.escalated: dict[str, str] = {}  # node -> SIGTERM/SIGKILL it needed after SIGINT (see stop)
-        self.left_down: dict[str, str] = {}  # node -> why the supervisor no longer restarts it
+        self.left_down: dict[str, str] = {}  # node -> why the supervisor stopped restarting it
         self._lock = threading.Lock()  # supervise() and stop() never interleave: no restart after a stop
         self._print_lock = threading.Lock()
         self._sink = sink or self._print

@@ -75,7 +75,7 @@ def unrecorded_topics(observer: Node, recorder: str, nodes: Iterable[str]) -> li
     for node in nodes:
         try:
             published |= {topic for topic, _ in observer.get_publisher_names_and_types_by_node(*_split(node))}
-        except Exception:  # noqa: BLE001 — a node not (or no longer) up publishes nothing to wait for
+        except Exception:  # noqa: BLE001 — a node that is not up (yet, or any more) publishes nothing to wait for
             continue
     return sorted(published - subscribed - EXCLUDED_TOPICS)
 

@@ -196,7 +196,7 @@ class PlannedExecutor:
             self.branch_runners[self._stem] = self._build_banded_runner(self.segments[self._stem])
         in_memory = set(weights)
         self.runners = self._build_runners(weights)
-        # onnxruntime copied the in-memory weights into its sessions; ours are no longer needed
+        # onnxruntime copied the in-memory weights into its sessions; ours are dropped here
         # (weights that are graph outputs themselves are kept to return them).
         self._released_weights = set(in_memory)  # in-memory weights now only inside the generic sessions
         self._weight_arrays = {n: a for n, a in weights.items() if n in self.graph.outputs}

@@ -23,7 +23,7 @@ class PlannerOptions:
     threads: int | None = None
     granularity: str = "choose"            # choose (cheaper of auto/fine, see _choose_partition) | auto | fine | coarse
     small_bytes: int = 64 * 1024           # tensors below this stay inside a segment
-    reference_side: int = 640              # symbol value used to size tensors when partitioning
+    reference_side: int = 640              # the symbol value the partitioner sizes tensors at
     # Input shapes to size tensors at instead (name -> shape; inputs not named: reference_side):
     # the size a node will feed, e.g. 48-pixel text lines, where a 640-pixel square would weigh
     # every cut at a size the model never sees.
