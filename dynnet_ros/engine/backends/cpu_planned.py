@@ -11,6 +11,7 @@ import subprocess
 import sys
 from typing import Any, Mapping
 
+import numpy as np
 import onnx
 
 from dynnet_ros.engine.backends.base import Executor
@@ -113,16 +114,18 @@ def decide(path: str, threads: int | None, layout: str, options: Mapping[str, An
         limit = options.get("latency_limit")
         if chosen.choice is None or not limit:
             return {"fallback": False}
-        return timed_verdict(path, threads, layout, options, chosen.choice, chosen.reference_inputs, float(limit))
+        feeds = reference_feeds(input_specs(model), chosen.reference_inputs)
+        return timed_verdict(path, threads, layout, options, chosen.choice, feeds, float(limit))
     return {"fallback": False}  # planning failed: the serving process plans and says why
 
 
 def timed_verdict(path: str, threads: int | None, layout: str, options: Mapping[str, Any], choice: CutChoice,
-                  shapes: Mapping[str, tuple[int, ...]], limit: float) -> dict:
-    """The leanest point of ``choice``'s curve whose run at ``shapes`` stays within ``limit`` x one
-    plain onnxruntime session's time, or one plain session where none does (cut_timing.py)."""
+                  feeds: Mapping[str, np.ndarray], limit: float) -> dict:
+    """The leanest point of ``choice``'s curve whose run on ``feeds`` (the reference shapes) stays
+    within ``limit`` x one plain onnxruntime session's time, or one plain session where none does
+    (cut_timing.py)."""
     points = candidates(choice, float(options.get("fallback_min_saving", PlannerOptions.fallback_min_saving)))
-    feeds = reference_feeds(input_specs(load_skeleton(path)), shapes)
+    shapes = {name: feed.shape for name, feed in feeds.items()}
     baseline = OrtExecutor(path, threads=threads)
 
     def measure(index: int) -> float:
