@@ -116,7 +116,7 @@ def worker(name: str, side: str, threads: int, samples: int, seed: int) -> dict:
         stats = engine.stats()
         plan = stats.get("plan") or {}
         result.update(executor=stats["executor"], segments=plan.get("segments"),
-                      fallback=bool(plan.get("fallback")),
+                      fallback=bool(plan.get("fallback")), lean=plan.get("lean"), lean_ratio=plan.get("lean_ratio"),
                       cut_reason=plan.get("reason") or (plan.get("cuts") or {}).get("reason"),
                       timing=plan.get("timing"))
     return result
@@ -168,6 +168,16 @@ def weights_mb(name: str) -> float:
     return sum(numpy_helper.to_array(t).nbytes for t in tensors(onnx.load(model_path(name)).graph)) / 2**20
 
 
+def _runs_as(engine: dict) -> str:
+    """How our side ran: its segments, or the single session (lean or onnxruntime's defaults, and
+    the lean session's timing where the verdict took one)."""
+    if not engine.get("fallback"):
+        return f"{engine.get('segments')} segments"
+    kind = "one lean session" if engine.get("lean") else "one session, onnxruntime's defaults"
+    ratio = engine.get("lean_ratio")
+    return kind + ("" if ratio is None else f" (lean timed {ratio:.2f}x)")
+
+
 def markdown(results: list[dict], meta: dict) -> str:
     fresh = " (verdicts taken in this run)" if meta.get("fresh_verdicts") else ""
     lines = [f"Measured {meta['utc']} on {meta['cpus']} cores, load average {meta['loadavg_before']} before / "
@@ -184,7 +194,7 @@ def markdown(results: list[dict], meta: dict) -> str:
             lines.append(f"| {r['model']} | fails: {r['error'][:160]} | — | — | — | — | — |")
             continue
         e, o, q = r["engine"], r["onnxruntime"], r["ratios"]
-        runs_as = "one onnxruntime session (fallback)" if e.get("fallback") else f"{e.get('segments')} segments"
+        runs_as = _runs_as(e)
         probes = (e.get("timing") or {}).get("probes")
         if probes:  # the auto profile's timed verdict: what it ran against one session
             runs_as += "; timed " + ", ".join(f"{p['segments']} segments {p['ratio']:.2f}x" for p in probes)

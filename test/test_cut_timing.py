@@ -233,3 +233,88 @@ def test_verdicts_of_engines_starting_together_are_decided_once(chain_file, monk
                                  range(3)))
     assert len(children) == 1
     assert verdicts[0] is not None and verdicts.count(verdicts[0]) == 3
+
+
+# ----------------------------------------------------------------------------- the single session
+
+def _tiny_model() -> onnx.ModelProto:
+    """A MatMul on a few hundred kilobytes: nothing for a cut to save, so one session."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
+    w = helper.make_tensor("w", TensorProto.FLOAT, [16, 4], np.ones(64, np.float32))
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "tiny", [x], [y], [w]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.fixture()
+def tiny_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("DYNNET_LAYOUT_DIR", str(tmp_path / "cache"))  # verdicts of this test's own
+    path = tmp_path / "tiny.onnx"
+    onnx.save(_tiny_model(), path)
+    return str(path)
+
+
+def test_a_single_session_is_lean_where_its_time_is_within_the_limit(tiny_file):
+    verdict = cpu_planned.decide(tiny_file, 2, "nchwc", {**PROFILES["auto"], "latency_limit": 1e3})
+    assert verdict["fallback"] is True and "saves less than" in verdict["reason"]
+    assert verdict["lean"] is True and verdict["lean_ratio"] > 0
+
+
+def test_a_single_session_keeps_onnxruntimes_defaults_where_lean_is_over_the_limit(tiny_file, chain_file):
+    for path in (tiny_file, chain_file):  # nothing to save; every cut set over the limit
+        verdict = cpu_planned.decide(path, 2, "nchwc", {**PROFILES["auto"], "latency_limit": 1e-3})
+        assert verdict["fallback"] is True
+        assert verdict["lean"] is False and verdict["lean_ratio"] > 1e-3
+
+
+def test_an_untimed_single_session_is_lean(tiny_file):
+    verdict = cpu_planned.decide(tiny_file, 2, "nchwc", PROFILES["memory"])
+    assert verdict["fallback"] is True and "lean" not in verdict  # the serving process's default: lean
+    with Engine(tiny_file) as engine:
+        assert engine.stats()["plan"]["lean"] is True
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_the_serving_process_runs_the_single_session_its_verdict_names(chain_file, monkeypatch, lean):
+    verdict = {"fallback": True, "reason": "timed: the test's verdict", "cuts": None, "lean": lean,
+               "lean_ratio": 1.0}
+    monkeypatch.setenv("DYNNET_PLAN_PROFILE", "auto")
+    monkeypatch.setattr(cpu_planned, "cut_verdict", lambda *args, **kwargs: verdict)
+    with Engine(chain_file) as engine:
+        plan = engine.stats()["plan"]
+        assert plan["fallback"] is True and plan["lean"] is lean
+        assert engine._executor._session.get_session_options().enable_mem_pattern is (not lean)
+
+
+def test_dynnet_plan_says_how_the_single_session_runs(tiny_file, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DYNNET_PLAN_PROFILE", "auto")
+    out = tmp_path / "plan.json"
+    assert main(["plan", tiny_file, "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["lean_ratio"] > 0
+    kind = "lean: no memory patterns" if report["lean"] else "onnxruntime's defaults, its own arena: lean timed"
+    assert f"one plain onnxruntime session ({kind}" in text
+
+
+def test_a_lean_session_over_the_limit_is_timed_again_and_its_best_ratio_kept(tiny_file, monkeypatch):
+    """Both sides run the same kernels: one noisy timing must not cost the lean session's memory."""
+    measures = iter([1.20, 1.01, 5.0])
+    calls = []
+
+    def fake_ratio(candidate, baseline, feeds):
+        calls.append(candidate)
+        return next(measures)
+
+    monkeypatch.setattr(cpu_planned, "time_ratio", fake_ratio)
+    feeds = {"x": np.ones((2, 16), np.float32)}
+    baseline = cpu_planned.OrtExecutor(tiny_file, threads=1)
+    assert cpu_planned.lean_verdict(tiny_file, 1, baseline, feeds, 1.05) == {"lean": True, "lean_ratio": 1.01}
+    assert len(calls) == 2 and all(c.lean for c in calls)
+    measures = iter([1.3, 1.2, 1.4, 0.5])
+    calls.clear()
+    assert cpu_planned.lean_verdict(tiny_file, 1, baseline, feeds, 1.05) == {"lean": False, "lean_ratio": 1.2}
+    assert len(calls) == cpu_planned.LEAN_TIMINGS == 3

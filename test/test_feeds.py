@@ -18,8 +18,8 @@ from onnx import TensorProto as T
 from onnx import helper as h
 
 from dynnet_ros.engine import Engine
-from dynnet_ros.engine.feeds import plan_breach, validate_feeds
-from dynnet_ros.engine.model_io import input_specs
+from dynnet_ros.engine.feeds import FeedCheck, plan_breach, validate_feeds
+from dynnet_ros.engine.model_io import default_specs, input_specs
 
 Dim = int | str | None
 
@@ -280,3 +280,30 @@ def test_fuzzer_reaches_both_verdicts(fuzz_pair):
     overridden = fuzz_pair.check({"a": f32(1, 3), "b": f32(1, 2), "s": f32(1), "w": f32(3)})
     refused = fuzz_pair.check({"a": f32(2, 3), "b": f32(1, 2), "s": np.array(3.0, np.float32)})
     assert (ran, overridden, refused) == ("ran", "ran", "refused")
+
+
+def test_the_engines_feed_check_agrees_with_validate_feeds_on_usual_and_unusual_feeds():
+    """FeedCheck passes the usual feed in one loop and hands everything else to validate_feeds:
+    both give the same arrays, and the same refusal."""
+    proto = model([h.make_node("Add", ["a", "b"], ["y"])],
+                  [tensor("a", T.FLOAT, [2, "W"]), tensor("b", T.FLOAT, [2, -1])], [tensor("y", T.FLOAT, [2, "W"])])
+    specs = input_specs(proto)
+    check = FeedCheck(specs, default_specs(proto))
+    usual = {"a": np.zeros((2, 3), np.float32), "b": np.ones((2, 3), np.float32)}
+    strided = {name: np.zeros((2, 6), np.float32)[:, ::2] for name in usual}
+    listed = {name: [[0.0] * 3] * 2 for name in usual}
+    swapped = {name: value.astype(">f4") for name, value in usual.items()}
+    for feeds in (usual, strided, listed, swapped):
+        got, want = check(feeds), validate_feeds(specs, feeds)
+        assert got.keys() == want.keys() and got is not feeds
+        for name in want:
+            assert got[name].flags.c_contiguous and got[name].dtype == want[name].dtype
+            np.testing.assert_array_equal(got[name], want[name])
+    for bad in ({**usual, "a": np.zeros((2, 3), np.float64)}, {**usual, "a": np.zeros((3, 3), np.float32)},
+                {**usual, "a": np.zeros((2, 3, 1), np.float32)}, {"a": usual["a"]},
+                {**usual, "extra": usual["a"]}, {"a": usual["a"], "c": usual["b"]}):
+        with pytest.raises(ValueError) as fast:
+            check(bad)
+        with pytest.raises(ValueError) as slow:
+            validate_feeds(specs, bad)
+        assert str(fast.value) == str(slow.value)

@@ -4,6 +4,8 @@ No clock is read here: every table is given, so each decision follows from the a
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -116,6 +118,38 @@ def test_nothing_to_save_falls_back_to_one_session():
     assert unsized.fallback and "no tensor of the graph has a known size" in unsized.reason
 
 
+LEAN = CutPoint(((0,),), 0.010, 60 * MB, single_session=True, lean=True)
+
+
+def test_a_cut_set_must_save_against_the_lean_session_it_would_replace():
+    saves_against_ort_only = [point(30, 14.0, 58), point(10, 11.0, 80)]
+    choice = choose(saves_against_ort_only, ORT, session=LEAN, fallback_min_saving=0.1)
+    assert choice.fallback and choice.chosen is LEAN and choice.session is LEAN
+    assert choice.reason.startswith("one lean onnxruntime session: the leanest cut set would hold 0.58x")
+    assert "one lean onnxruntime session 0.60x" in choice.reason
+    assert choice.curve[-2:] == (ORT, LEAN)  # both single sessions on the curve, for `dynnet plan`
+    saves_against_lean = [point(30, 14.0, 40), point(10, 11.0, 80)]
+    kept = choose(saves_against_lean, ORT, session=LEAN, memory_target=0.6)
+    assert kept.chosen == saves_against_lean[0] and "(0.40x, 30 segments)" in kept.reason
+
+
+def test_the_lean_session_does_not_compete_within_the_memory_target():
+    """Its figure is a factor measured on a small model, a cut set's is planned: within the target
+    the cut sets are weighed, and the "auto" profile times the pick (cut_timing.py)."""
+    curve = [point(30, 14.0, 40)]
+    lean_within = CutPoint(((0,),), 0.001, 50 * MB, single_session=True, lean=True)
+    assert choose(curve, ORT, session=lean_within, memory_target=0.6).chosen == curve[0]
+
+
+def test_a_table_without_a_lean_factor_predicts_the_lean_session_as_onnxruntimes():
+    facts = chain([4 * MB, 4 * MB])
+    given = table(arena_factor=3.0)
+    assert single_session(facts, given, lean=True).activation_bytes == single_session(facts, given).activation_bytes
+    measured = replace(given, lean_arena_factor=1.5)
+    lean = single_session(facts, measured, lean=True)
+    assert lean.lean and lean.activation_bytes < single_session(facts, measured).activation_bytes
+
+
 def test_choice_rejects_bad_knobs():
     with pytest.raises(ValueError):
         choose([point(3, 1.0, 1.0)], ORT, memory_target=0.0)
@@ -147,10 +181,11 @@ def test_a_model_with_nothing_to_save_runs_as_one_onnxruntime_session_and_says_s
     # onnxruntime's arena holding exactly what is live (factor 1): no cut set can hold less
     executor = create_planned_executor(model, layout="as-given", cost_table=table(arena_factor=1.0))
     try:
-        assert isinstance(executor, OrtExecutor)
+        assert isinstance(executor, OrtExecutor) and executor.lean
         plan = executor.executor_stats().details["plan"]
-        assert plan["fallback"] and "one onnxruntime session" in plan["reason"]
-        assert plan["cuts"]["curve"][-1]["single_session"]
+        assert plan["fallback"] and plan["reason"].startswith("one lean onnxruntime session: ")
+        assert plan["lean"] is True
+        assert plan["cuts"]["curve"][-1]["single_session"] and plan["cuts"]["curve"][-1]["lean"]
         feeds = {"x": np.random.default_rng(1).standard_normal((100, 32)).astype(np.float32)}
         reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         np.testing.assert_allclose(executor.run(feeds)["y"], reference.run(None, feeds)[0], rtol=1e-5, atol=1e-6)

@@ -24,6 +24,8 @@ import pytest
 from _corpus import CorpusModel, by_name, pytest_params
 
 from dynnet_ros.engine import Engine
+from dynnet_ros.engine.backends.cpu_planned import create_planned_executor
+from dynnet_ros.engine.plan.executor import PlannedExecutor
 from dynnet_ros.units import MB
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -111,12 +113,15 @@ def classifier() -> CorpusModel:
 
 
 def test_text_lines_are_planned_at_their_own_height(classifier):
-    """Sized at 640 x 640 the classifier's cuts save memory; sized at the 48-pixel lines PP-OCR
-    feeds it (``input_shapes``), none do, and it runs as one onnxruntime session."""
+    """The cut choice weighs the classifier at the size its engine is told it will be fed
+    (``input_shapes``: PP-OCR's 48-pixel lines), not at a 640-pixel square. At neither size
+    does a cut set save against one lean session, so both run as one."""
     path = str(classifier.path())
     with Engine(path) as square, Engine(path, input_shapes=classifier.input_shapes) as lines:
-        assert square.stats()["executor"] == "cpu-planned"
-        assert lines.stats()["executor"] == "cpu" and lines.stats()["plan"]["fallback"]
+        for engine in (square, lines):
+            assert engine.stats()["executor"] == "cpu" and engine.stats()["plan"]["fallback"]
+        at_square, at_lines = (e.stats()["plan"]["cuts"]["onnxruntime_activation_bytes"] for e in (square, lines))
+        assert at_lines * 10 < at_square  # 48 x 192 against 640 x 640
         feeds = classifier.feeds(np.random.default_rng(0))[0]
         reference = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feeds)
         _assert_close(lines.run(feeds), reference, "classifier sized at its lines")
@@ -124,11 +129,15 @@ def test_text_lines_are_planned_at_their_own_height(classifier):
 
 def test_a_line_shorter_than_the_last_pooling_window_runs_as_onnxruntime_runs_it(classifier):
     """A 32-pixel line leaves the last pooling window overhanging its input by less than a stride:
-    onnxruntime truncates to one output row, and so does the planned engine."""
+    onnxruntime truncates to one output row, and so does the planned engine (cut without the
+    cost model, which would run the classifier as one session)."""
     path = str(classifier.path())
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    with Engine(path) as engine:
-        assert engine.stats()["executor"] == "cpu-planned"
+    executor = create_planned_executor(path, cost_model=False)
+    try:
+        assert isinstance(executor, PlannedExecutor)
         for shape in ((1, 3, 32, 192), (2, 3, 32, 100)):
             feeds = {"x": np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)}
-            _assert_close(engine.run(feeds), session.run(None, feeds), f"classifier at {list(shape)}")
+            _assert_close(executor.run(feeds), session.run(None, feeds), f"classifier at {list(shape)}")
+    finally:
+        executor.close()

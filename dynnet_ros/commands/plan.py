@@ -47,7 +47,8 @@ def build_report(model_spec: str, shapes: dict[str, tuple[int, ...]], granularit
     verdict = cut_verdict(path, None, layout, plan_profile()) if granularity == "choose" else None
     timing = (verdict or {}).get("timing")
     if verdict and verdict.get("fallback"):
-        return {"model": path, "fallback": verdict["reason"], "cuts": verdict.get("cuts"), "timing": timing}
+        return {"model": path, "fallback": verdict["reason"], "cuts": verdict.get("cuts"), "timing": timing,
+                "lean": verdict.get("lean", True), "lean_ratio": verdict.get("lean_ratio")}
     skeleton = load_for_backend("cpu", path)
     executor = create_planned_executor(skeleton, layout=layout, granularity=granularity, versions=False,
                                        **timed_point(verdict))
@@ -56,7 +57,8 @@ def build_report(model_spec: str, shapes: dict[str, tuple[int, ...]], granularit
         executor.close()
         if plan is None:
             raise ValueError(f"the planned engine cannot run {path}; Engine would fall back to plain onnxruntime")
-        return {"model": path, "fallback": plan["reason"], "cuts": plan["cuts"], "timing": timing}
+        return {"model": path, "fallback": plan["reason"], "cuts": plan["cuts"], "timing": timing,
+                "lean": plan.get("lean", False), "lean_ratio": None}
     try:
         graph = executor.graph
         if not shapes:
@@ -117,11 +119,11 @@ def _print_cuts(cuts: dict | None) -> None:
         return
     reference = cuts["onnxruntime_activation_bytes"]
     print("cut sets considered (predicted at the reference shape; activations incl. 0.25 MB per session; "
-          "1 (ort): one plain onnxruntime session):")
+          "1 (ort): one plain onnxruntime session; 1 (lean): one lean session):")
     print("      segments  latency ms  activation MB  x onnxruntime")
     for k, point in enumerate(cuts["curve"]):
         mark = "->" if k == cuts["chosen"] else "  "
-        label = "1 (ort)" if point["single_session"] else str(point["segments"])
+        label = ("1 (lean)" if point.get("lean") else "1 (ort)") if point["single_session"] else str(point["segments"])
         ratio = point["activation_bytes"] / reference if reference else float("nan")
         print(f"  {mark} {label:>8s}  {point['latency_ms']:10.2f}  {point['activation_bytes'] / MB:13.2f}"
               f"  {ratio:13.2f}")
@@ -141,13 +143,22 @@ def _print_timing(timing: dict | None) -> None:
           f"{timing['load_per_core']:.2f} per core): {probes}")
 
 
+def _session_kind(report: dict) -> str:
+    """How the single session is configured (backends/cpu.py, OrtExecutor) and what timed it so."""
+    ratio = report.get("lean_ratio")
+    timed = "" if ratio is None else f", timed {ratio:.3f}x onnxruntime's defaults"
+    if report.get("lean"):
+        return f"lean: no memory patterns, arena blocks mapped afresh{timed}"
+    return f"onnxruntime's defaults, its own arena{timed.replace(', timed', ': lean timed')}"
+
+
 def _print(report: dict, show_order: bool) -> None:
     if "fallback" in report:
         print(f"model {report['model']}")
         _print_cuts(report["cuts"])
         _print_timing(report.get("timing"))
         print(f"verdict: {report['fallback']}")
-        print("Engine runs this model as one plain onnxruntime session (its own arena); "
+        print(f"Engine runs this model as one plain onnxruntime session ({_session_kind(report)}); "
               "Engine.stats()['plan'] says so too")
         return
     simp, mem = report["simplify"], report["memory_plan"]

@@ -18,7 +18,7 @@ import onnxruntime as ort
 from dynnet_ros.engine.backends import create_executor, load_for_backend
 from dynnet_ros.engine.backends.base import Executor, ExecutorStats, WindowStats
 from dynnet_ros.engine.backends.cpu import OrtExecutor
-from dynnet_ros.engine.feeds import plan_breach, shape_signature, validate_feeds
+from dynnet_ros.engine.feeds import FeedCheck, plan_breach, shape_signature, validate_feeds
 from dynnet_ros.engine.model_io import InputSpec, ModelLike, default_specs, input_specs, output_names, weight_bytes
 from dynnet_ros.engine.plan.loader import source_path
 from dynnet_ros.engine.reference import ORT_RUN_ERRORS, ReferenceRunner, plain_only_reason, refused
@@ -117,6 +117,7 @@ class Engine:
         self._proto: onnx.ModelProto | None = load_for_backend(backend, model)
         self.inputs: list[InputSpec] = input_specs(self.proto)
         self.defaults: list[InputSpec] = default_specs(self.proto)  # inputs an initializer gives a value
+        self._check_feeds = FeedCheck(self.inputs, self.defaults)
         #: why this model runs through plain onnxruntime although the planned backend was asked for
         self.plain_reason = plain_only_reason(self.inputs + self.defaults) if backend == "cpu" else None
         if self.plain_reason is not None:
@@ -199,7 +200,7 @@ class Engine:
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Same semantics as ``InferenceSession.run(None, feeds)`` but keyed by output name."""
-        checked = validate_feeds(self.inputs, feeds, self.defaults)
+        checked = self._check_feeds(feeds)
         signature = shape_signature(checked)
         with self._lock:
             executor = self._executor

@@ -7,7 +7,9 @@ steers (budgets, size-class minimums, calibration).
 
 Threading model: the subscription callback only parks the newest Image in a one-slot mailbox
 (an older unprocessed frame is dropped and counted), and one worker thread runs the model on
-whatever is newest. Latency therefore stays bounded by one inference, never by a queue.
+whatever is newest. Latency therefore stays bounded by one inference, never by a queue. With
+``max_rate_hz`` the worker waits out the rest of each period before it takes the next frame,
+and frames arriving meanwhile go through the same mailbox.
 Parameter changes are validated (and a new core loaded) in the on-set callback; the worker
 sees them from its next frame on.
 
@@ -88,6 +90,9 @@ DEFAULT_CAMERA = (640, 480, 3)
 #: frames of the other size are still in flight (DDS history, rclpy's copies, the mailbox) — the
 #: same window as the published profile's hold (budget.profile.ProfileHold).
 MESSAGE_HOLD_S = 30.0
+#: How often a worker waiting out ``max_rate_hz`` re-reads it: a lowered or cleared cap (or a
+#: stop) takes effect within this time, not at the end of a long period.
+RATE_POLL_S = 0.2
 
 
 def fixed_input(info: ModelInfo) -> bool:
@@ -172,6 +177,11 @@ def common_specs(task: str) -> list[ParamSpec]:
         ParamSpec("memory_budget_mb", 0.0, "Memory budget for this model in MiB (0 = unlimited); passed to "
                   "Engine.set_memory_budget.", low=0.0, high=1.0e6),
         ParamSpec("enabled", True, "Process frames; false stops inference and output (diagnostics continue)."),
+        ParamSpec("max_rate_hz", 0.0, "Run the model on at most this many frames per second (0 = on every "
+                  "frame the worker can take). Frames arriving within a period wait in the one-frame mailbox, "
+                  "a newer one replacing (and dropping) the older, so the node answers the newest frame once "
+                  "the period is over and leaves the CPU to the rest of the robot meanwhile.",
+                  low=0.0, high=1000.0),
         ParamSpec("max_input_side", 640, "Dynamic-input models: fit camera frames into a square of this side "
                   "(the zoo's models only shrink, exports such as Ultralytics' also enlarge) before padding to "
                   "the model's stride (0 = the camera size). Fixed-input models ignore it.", low=0, high=8192),
@@ -232,6 +242,7 @@ class ModelNode(Node, ABC):
 
         self.stats = FrameStats()
         self._pending: Image | None = None
+        self._last_take: float | None = None   # monotonic time the worker last took a frame (max_rate_hz)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._last_error: str | None = None
@@ -580,17 +591,33 @@ class ModelNode(Node, ABC):
         while not self._stop.is_set():
             if not self._wake.wait(timeout=0.2):
                 continue
+            self._wait_for_rate()
             with self._state_lock:
                 slot, self._pending = [self._pending], None
                 self._wake.clear()
             if slot[0] is None or not self.params["enabled"]:
                 continue
+            self._last_take = time.monotonic()
             try:
                 self._process_frame(slot)  # takes the message out of the slot: no other reference
             except Exception:  # noqa: BLE001 — the node must keep serving; the reason is reported
                 if self._stop.is_set():
                     return
                 self.get_logger().error(traceback.format_exc())
+
+    def _wait_for_rate(self) -> None:
+        """Wait until ``max_rate_hz`` allows the next frame: its period counted from the last frame
+        taken. The frame stays in the mailbox meanwhile, where a newer one replaces it (counted as
+        dropped). The cap is re-read every ``RATE_POLL_S``, so a change applies to a wait under way."""
+        while not self._stop.is_set():
+            rate = float(self.params["max_rate_hz"])
+            last = self._last_take
+            if rate <= 0.0 or last is None:
+                return
+            remaining = last + 1.0 / rate - time.monotonic()
+            if remaining <= 0.0:
+                return
+            self._stop.wait(min(remaining, RATE_POLL_S))
 
     def _process_frame(self, slot: list) -> None:
         """Run one frame; ``slot`` holds the only reference to the message, dropped here (an rgb8

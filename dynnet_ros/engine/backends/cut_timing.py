@@ -52,10 +52,10 @@ class Probe:
 
 def candidates(choice: CutChoice, fallback_min_saving: float) -> list[CutPoint]:
     """The points timing may pick, leanest first: the cost model's pick, then every coarser point
-    of the curve that still saves ``fallback_min_saving`` of onnxruntime's activations."""
+    of the curve that still saves ``fallback_min_saving`` of the single session's activations."""
     curve = [p for p in choice.curve if not p.single_session]
     start = curve.index(choice.chosen) if choice.chosen in curve else 0
-    ceiling = (1 - fallback_min_saving) * choice.onnxruntime.activation_bytes
+    ceiling = (1 - fallback_min_saving) * choice.session.activation_bytes
     return [p for k, p in enumerate(curve) if k >= start and (k == start or p.activation_bytes <= ceiling)]
 
 

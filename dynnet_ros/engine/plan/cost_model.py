@@ -33,6 +33,9 @@ class CostTable:
     # what a plain onnxruntime session's arena holds over a sequence of input shapes, per byte of
     # activations live at once at the largest of them (its regions grow by doubling and never shrink)
     ort_arena_factor: float = 1.0
+    # the same for the lean single session the planner falls back to (backends/cpu.py, OrtExecutor);
+    # None: as ort_arena_factor (a table given without it)
+    lean_arena_factor: float | None = None
     threads: int = 1
     source: str = "given"      # "measured" / "cached" (cost_table.py) or "given" (tests, tools)
 
@@ -82,13 +85,14 @@ class CutPoint:
     latency_s: float
     activation_bytes: int
     single_session: bool = False
+    lean: bool = False               # the single session with lean options (``lean_session``)
 
     @property
     def sessions(self) -> int:
         return 1 if self.single_session else len(self.groups)
 
     def describe(self) -> dict:
-        return {"segments": self.sessions, "single_session": self.single_session,
+        return {"segments": self.sessions, "single_session": self.single_session, "lean": self.lean,
                 "latency_ms": round(self.latency_s * 1e3, 3), "activation_bytes": self.activation_bytes}
 
 
@@ -104,6 +108,11 @@ class CutChoice:
     @property
     def fallback(self) -> bool:
         return self.chosen.single_session
+
+    @property
+    def session(self) -> CutPoint:
+        """The single session a fallback runs: the lean one where the curve has it."""
+        return next((p for p in self.curve if p.lean), self.onnxruntime)
 
     def describe(self) -> dict:
         return {"chosen": self.curve.index(self.chosen), "fallback": self.fallback, "reason": self.reason,
@@ -218,13 +227,16 @@ def evaluate(facts: ModelFacts, table: CostTable, groups: Sequence[Sequence[int]
     return CutPoint(tuple(tuple(g) for g in groups), latency, activation)
 
 
-def single_session(facts: ModelFacts, table: CostTable, order: Sequence[int] | None = None) -> CutPoint:
+def single_session(facts: ModelFacts, table: CostTable, order: Sequence[int] | None = None, *,
+                   lean: bool = False) -> CutPoint:
     """One plain onnxruntime session over the whole model: its own arena (no faults per run), which
-    holds ``ort_arena_factor`` x the activations live at once."""
+    holds ``ort_arena_factor`` x the activations live at once (``lean``: the lean session's
+    ``lean_arena_factor``)."""
     order = tuple(range(len(facts.nodes))) if order is None else tuple(order)
-    held = int(onnxruntime_activation(facts, order) * table.ort_arena_factor)
+    factor = table.lean_arena_factor if lean and table.lean_arena_factor is not None else table.ort_arena_factor
+    held = int(onnxruntime_activation(facts, order) * factor)
     return CutPoint((order,), kernel_seconds(facts, table) + table.run_overhead_s, held + facts.session_bytes,
-                    single_session=True)
+                    single_session=True, lean=lean)
 
 
 # --------------------------------------------------------------------------- curve and choice
@@ -286,28 +298,40 @@ def _merged(facts: ModelFacts, groups: list[list[int]], ev: _Evaluation, s: int)
                        ev.faulted[:s] + [faulted] + ev.faulted[s + 2:])
 
 
-def choose(curve: Sequence[CutPoint], onnxruntime: CutPoint, *, memory_target: float = 0.6,
-           fallback_min_saving: float = 0.1, sized: bool = True) -> CutChoice:
+def choose(curve: Sequence[CutPoint], onnxruntime: CutPoint, *, session: CutPoint | None = None,
+           memory_target: float = 0.6, fallback_min_saving: float = 0.1, sized: bool = True) -> CutChoice:
     """The fastest point within ``memory_target`` × onnxruntime's activations; else the leanest
-    point; one plain session where no point saves ``fallback_min_saving`` of onnxruntime's, or
-    where nothing is ``sized`` (no tensor size known: nothing for the arena to hold)."""
+    point; one session where no point saves ``fallback_min_saving`` of that session's, or where
+    nothing is ``sized`` (no tensor size known: nothing for the arena to hold).
+
+    ``session``: the single session a fallback runs (the lean one): a cut set must save against
+    it, while ``onnxruntime`` (default options) stays the reference of the target and the ratios.
+    It does not compete within the target: its figure comes from a factor measured on a small
+    model (cost_table.py), where a cut set's is planned, and the "auto" profile times the pick
+    against onnxruntime anyway (backends/cut_timing.py). Without it, the fallback is
+    ``onnxruntime`` itself."""
     if not curve:
         raise ValueError("the curve has no points")
     if memory_target <= 0 or not 0 <= fallback_min_saving < 1:
         raise ValueError(f"memory_target must be > 0 and fallback_min_saving in [0, 1), got "
                          f"{memory_target}, {fallback_min_saving}")
-    points = tuple(curve) + (onnxruntime,)
+    single = session or onnxruntime
+    points = tuple(curve) + (onnxruntime,) + (() if session is None else (session,))
     reference = onnxruntime.activation_bytes
     leanest = min(curve, key=lambda p: (p.activation_bytes, p.latency_s))
+    name = "one lean onnxruntime session" if single.lean else "one onnxruntime session"
     if not sized:
-        return CutChoice(points, onnxruntime, onnxruntime,
-                         "one onnxruntime session: no tensor of the graph has a known size at the reference "
+        return CutChoice(points, single, onnxruntime,
+                         f"{name}: no tensor of the graph has a known size at the reference "
                          "shape, so the planner has nothing to place in its arena")
-    if leanest.activation_bytes > (1 - fallback_min_saving) * reference:
-        return CutChoice(points, onnxruntime, onnxruntime,
-                         f"one onnxruntime session: the leanest cut set would hold "
-                         f"{leanest.activation_bytes / reference:.2f}x onnxruntime's activations (it saves less "
-                         f"than {fallback_min_saving:.0%}), so cutting the graph would cost time for no memory")
+    if leanest.activation_bytes > (1 - fallback_min_saving) * single.activation_bytes:
+        held = ("" if single is onnxruntime else
+                f", and {name} {single.activation_bytes / reference:.2f}x")
+        return CutChoice(points, single, onnxruntime,
+                         f"{name}: the leanest cut set would hold "
+                         f"{leanest.activation_bytes / reference:.2f}x onnxruntime's activations{held} (it saves "
+                         f"less than {fallback_min_saving:.0%} over {name}), so cutting the graph would cost time "
+                         "for no memory")
     target = memory_target * reference
     within = [p for p in curve if p.activation_bytes <= target]
     if within:

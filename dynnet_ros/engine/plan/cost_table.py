@@ -37,7 +37,7 @@ from dynnet_ros.settings import settings
 
 log = logging.getLogger(__name__)
 
-COST_VERSION = 4
+COST_VERSION = 5
 _BATCHES = 3
 
 
@@ -84,8 +84,10 @@ def measure(threads: int, mmap_threshold: int | None = 128 * 1024) -> CostTable:
     mac_s, byte_s = _mac_seconds(threads), _byte_seconds(threads)
     if mmap_threshold:
         pin_mmap_threshold(mmap_threshold)  # what the planned engine's segments run under
+    lean_factor = _ort_arena_factor(threads, lean=True)  # as a lean session runs: after the pin
     return CostTable(run_overhead_s=_run_overhead(threads), fault_s_per_mb=_fault_per_mb(), mac_s=mac_s,
-                     byte_s=byte_s, ort_arena_factor=arena_factor, threads=threads, source="measured")
+                     byte_s=byte_s, ort_arena_factor=arena_factor, lean_arena_factor=lean_factor, threads=threads,
+                     source="measured")
 
 
 def _best(work: Callable[[], None], repeats: int) -> float:
@@ -172,9 +174,10 @@ def _byte_seconds(threads: int) -> float:
 _ARENA_SIDES = ((224, 320), (480, 640), (320, 320), (640, 480), (640, 640), (256, 448))
 
 
-def _ort_arena_factor(threads: int) -> float:
-    """Peak memory of a plain onnxruntime session (default options, as users run it) over a
-    shape sequence, per byte live at once at the largest shape, on a small encoder-decoder."""
+def _ort_arena_factor(threads: int, *, lean: bool = False) -> float:
+    """Peak memory of a plain onnxruntime session (default options, as users run it; ``lean``: no
+    memory patterns, as backends/cpu.py's lean session) over a shape sequence, per byte live at
+    once at the largest shape, on a small encoder-decoder."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "H", "W"])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, "H", "W"])
     rng = np.random.default_rng(0)
@@ -195,6 +198,7 @@ def _ort_arena_factor(threads: int) -> float:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.log_severity_level = 3
+    options.enable_mem_pattern = not lean
     reset_peak_rss()
     base = status_bytes("VmRSS")
     session = ort.InferenceSession(model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"])

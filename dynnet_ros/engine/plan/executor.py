@@ -75,11 +75,13 @@ class NothingToSave(ValueError):
     """The cost model found no cut set that saves memory over one plain onnxruntime session.
 
     Raised before any session is built; the planned backend then runs one plain session and
-    reports ``choice.reason`` (backends/cpu_planned.py)."""
+    reports ``choice.reason`` (backends/cpu_planned.py). ``reference_inputs``: the input shapes
+    the choice was weighed at."""
 
-    def __init__(self, choice: CutChoice) -> None:
+    def __init__(self, choice: CutChoice, reference_inputs: Mapping[str, tuple[int, ...]]) -> None:
         super().__init__(choice.reason)
         self.choice = choice
+        self.reference_inputs = dict(reference_inputs)
 
 
 class CutsChosen(Exception):
@@ -306,7 +308,8 @@ class PlannedExecutor:
         table = opts.cost_table or cost_table(opts.threads or default_threads(), opts.mmap_threshold)
         fixed = {i for i, s in enumerate(self.segments) if s.kind != "ops" or i == self._stem}
         curve = merge_curve(facts, table, [s.nodes for s in self.segments], lambda i: i not in fixed)
-        choice = choose(curve, single_session(facts, table), memory_target=opts.memory_target,
+        choice = choose(curve, single_session(facts, table), session=single_session(facts, table, lean=True),
+                        memory_target=opts.memory_target,
                         fallback_min_saving=opts.fallback_min_saving, sized=facts.sized)
         if opts.curve_segments is not None:  # the timed verdict's point (backends/cut_timing.py)
             timed = next((p for p in curve if p.sessions == opts.curve_segments), None)
@@ -316,7 +319,7 @@ class PlannedExecutor:
             else:
                 choice = CutChoice(choice.curve, timed, choice.onnxruntime, opts.curve_reason or choice.reason)
         if choice.fallback:
-            raise NothingToSave(choice)
+            raise NothingToSave(choice, self._reference_inputs(opts.reference_side))
         if len(choice.chosen.groups) != len(self.segments):
             stem_nodes = None if self._stem is None else self.segments[self._stem].nodes
             kinds = {tuple(s.nodes): s.kind for s in self.segments}
