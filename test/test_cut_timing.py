@@ -39,18 +39,26 @@ def _chain_model(convs: int = 6, channels: int = 8) -> onnx.ModelProto:
         source = f"t{i}" if i else "x"
         nodes.append(helper.make_node("Conv", [source, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1]))
         nodes.append(helper.make_node("Add", [f"c{i}", source], [f"t{i + 1}"]))
-    model = helper.make_model(helper.make_graph(nodes, "chain", [x], [y], inits),
-                              opset_imports=[helper.make_opsetid("", 17)])
+    return _model(helper.make_graph(nodes, "chain", [x], [y], inits))
+
+
+def _model(graph: onnx.GraphProto) -> onnx.ModelProto:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
 
 
+def _saved(model: onnx.ModelProto, tmp_path, monkeypatch) -> str:
+    """The model's file, with a verdict cache of the test's own."""
+    monkeypatch.setenv("DYNNET_LAYOUT_DIR", str(tmp_path / "cache"))
+    path = tmp_path / f"{model.graph.name}.onnx"
+    onnx.save(model, path)
+    return str(path)
+
+
 @pytest.fixture()
 def chain_file(tmp_path, monkeypatch):
-    monkeypatch.setenv("DYNNET_LAYOUT_DIR", str(tmp_path / "cache"))  # verdicts of this test's own
-    path = tmp_path / "chain.onnx"
-    onnx.save(_chain_model(), path)
-    return str(path)
+    return _saved(_chain_model(), tmp_path, monkeypatch)
 
 
 # ----------------------------------------------------------------------------- search
@@ -243,18 +251,12 @@ def _tiny_model() -> onnx.ModelProto:
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
     w = helper.make_tensor("w", TensorProto.FLOAT, [16, 4], np.ones(64, np.float32))
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])]
-    model = helper.make_model(helper.make_graph(nodes, "tiny", [x], [y], [w]),
-                              opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return _model(helper.make_graph(nodes, "tiny", [x], [y], [w]))
 
 
 @pytest.fixture()
 def tiny_file(tmp_path, monkeypatch):
-    monkeypatch.setenv("DYNNET_LAYOUT_DIR", str(tmp_path / "cache"))  # verdicts of this test's own
-    path = tmp_path / "tiny.onnx"
-    onnx.save(_tiny_model(), path)
-    return str(path)
+    return _saved(_tiny_model(), tmp_path, monkeypatch)
 
 
 def test_a_single_session_is_lean_where_its_time_is_within_the_limit(tiny_file):
