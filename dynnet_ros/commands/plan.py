@@ -146,10 +146,11 @@ def _print_timing(timing: dict | None) -> None:
 def _session_kind(report: dict) -> str:
     """How the single session is configured (backends/cpu.py, OrtExecutor) and what timed it so."""
     ratio = report.get("lean_ratio")
-    timed = "" if ratio is None else f", timed {ratio:.3f}x onnxruntime's defaults"
     if report.get("lean"):
+        timed = "" if ratio is None else f", timed {ratio:.3f}x onnxruntime's defaults"
         return f"lean: no memory patterns, arena blocks mapped afresh{timed}"
-    return f"onnxruntime's defaults, its own arena{timed.replace(', timed', ': lean timed')}"
+    timed = "" if ratio is None else f": lean timed {ratio:.3f}x"
+    return f"onnxruntime's defaults, its own arena{timed}"
 
 
 def _print(report: dict, show_order: bool) -> None:

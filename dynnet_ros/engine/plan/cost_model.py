@@ -85,7 +85,7 @@ class CutPoint:
     latency_s: float
     activation_bytes: int
     single_session: bool = False
-    lean: bool = False               # the single session with lean options (``lean_session``)
+    lean: bool = False               # the single session with lean options (``single_session(lean=True)``)
 
     @property
     def sessions(self) -> int:
