@@ -24,7 +24,7 @@ from _waiting import wait_for
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.parameter import Parameter
 from rclpy.parameter_client import AsyncParameterClient
-from rclpy.qos import qos_profile_sensor_data
+from rclpy.qos import QoSProfile, ReliabilityPolicy
 from rclpy.time import Time
 from std_msgs.msg import Header, String
 from visualization_msgs.msg import MarkerArray
@@ -42,6 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 NS = f"/perctest_{os.getpid()}"
 YOLO = by_name("yolov8n-detector")
 NODE_PARAMS = {"threads": 1, "score_threshold": 0.3, "nms_iou": 0.45, "max_detections": 50, "max_input_side": 640}
+#: the node's camera subscription made reliable through its QoS overrides (nodes/base.py)
+CAMERA_QOS_OVERRIDES = {"qos_overrides": {f"{NS}/camera/image_raw": {"subscription": {"reliability": "reliable"}}}}
 
 pytestmark = [pytest.mark.timeout(600),
               pytest.mark.skipif(not YOLO.available() or not photos(), reason=YOLO.skip_reason)]
@@ -60,8 +62,11 @@ class Client:
         self.lock = threading.Lock()
         self.markers: dict[tuple[int, int], MarkerArray] = {}
         self.statuses: list[tuple[float, dict]] = []
+        # reliable, as the node's camera subscription is made here (CAMERA_QOS_OVERRIDES): a 1280x720
+        # frame is 2.7 MB, and best effort loses a fragment of it often enough to lose every try
         self.image_pub = node.create_publisher(type(array_to_image(np.zeros((1, 1, 3), np.uint8), "rgb8")),
-                                               NS + "/camera/image_raw", qos_profile_sensor_data)
+                                               NS + "/camera/image_raw",
+                                               QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE))
         node.create_subscription(MarkerArray, NS + "/pedestrian/markers", self._on_markers, 10)
         node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 50)
         self.profiles: list[ModelProfile] = []
@@ -129,7 +134,7 @@ class Client:
 def node(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("perception_node")
     params = tmp / "params.yaml"
-    params.write_text(yaml.safe_dump({"/**": {"ros__parameters": NODE_PARAMS}}))
+    params.write_text(yaml.safe_dump({"/**": {"ros__parameters": {**NODE_PARAMS, **CAMERA_QOS_OVERRIDES}}}))
     log = (tmp / "node.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "dynnet_ros.nodes.pedestrian_node", "--ros-args",
                              "-r", f"__ns:={NS}", "--params-file", str(params)],
