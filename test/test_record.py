@@ -144,8 +144,13 @@ def test_replay_record_keeps_the_bag_frames_and_records_every_output_on_bag_time
     assert cli.main(["sim", "--record", str(source), "--frames", "6", "--rate", "2", "--resolutions", SIZE,
                      "--seed", "3"]) == 0
     config = tmp_path / "lane.yaml"
+    # the camera link reliable and transient-local, as in the replay parity test: a frame lost in
+    # transport would leave its frame without a mask
+    camera_link = {f"{NS}/camera/image_raw": {"subscription": {"reliability": "reliable",
+                                                               "durability": "transient_local"}}}
     config.write_text(yaml.safe_dump({"nodes": [{"name": "lane_node", "executable": "lane_node",
-                                                 "parameters": {"threads": 1, "camera_sizes": [SIZE]}}]}))
+                                                 "parameters": {"threads": 1, "camera_sizes": [SIZE],
+                                                                "qos_overrides": camera_link}}]}))
     proc = subprocess.run([sys.executable, "-m", "dynnet_ros.cli", "replay", str(source), "--config", str(config),
                            "--namespace", NS, "--record", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
