@@ -1,9 +1,9 @@
 """Every node stops on the first SIGINT/SIGTERM, in every phase and whichever peers left first.
 
-A single node (run_node around a stand-in factory) is stopped while it builds and while a callback
-runs; then the whole graph (`dynnet up`'s GraphRunner) is started and stopped ten times, in three
-stop orders, and no node may need SIGTERM or SIGKILL. The only timeouts are the generous
-escalation steps themselves.
+A single node (run_node around a stand-in factory) is stopped while it builds, while a callback
+runs and while its model runs a frame; then the whole graph (`dynnet up`'s GraphRunner) is
+started and stopped ten times, in three stop orders, and no node may need SIGTERM or SIGKILL.
+The only timeouts are the generous escalation steps themselves.
 """
 from __future__ import annotations
 
@@ -54,11 +54,33 @@ STAND_IN = textwrap.dedent("""
 """)
 
 
+# A lane node whose frame (its model call) does not end: it gets one frame and says when it is in it.
+STAND_IN_FRAME = textwrap.dedent("""
+    import sys, time
+    import numpy as np
+    from dynnet_ros.nodes.base import run_node
+    from dynnet_ros.nodes.convert import array_to_image
+    from dynnet_ros.nodes.lane_node import LaneNode
+
+    class StuckLaneNode(LaneNode):
+        def __init__(self):
+            super().__init__()
+            self._on_image(array_to_image(np.zeros((120, 160, 3), np.uint8), "rgb8"))
+
+        def infer(self, frame, rgb, core):
+            print("in frame", flush=True)
+            time.sleep(float(sys.argv[2]))
+
+    sys.exit(run_node(StuckLaneNode))
+""")
+
+
 def stand_in(phase: str, delay: float, sig: int) -> tuple[int, str]:
-    proc = subprocess.Popen([sys.executable, "-c", STAND_IN, phase, str(delay)], stdout=subprocess.PIPE,
+    script = STAND_IN_FRAME if phase == "frame" else STAND_IN
+    proc = subprocess.Popen([sys.executable, "-c", script, phase, str(delay)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
-    marker = "building" if phase == "build" else "in callback"
+    marker = {"build": "building", "callback": "in callback", "frame": "in frame"}[phase]
     lines = []
     for line in proc.stdout:
         lines.append(line)
@@ -85,6 +107,16 @@ def test_a_signal_while_the_node_is_built_stops_it(sig):
 def test_a_callback_that_does_not_finish_does_not_hold_the_process(sig):
     code, out = stand_in("callback", 600.0, sig)
     assert code == 0 and "still running" in out and "Traceback" not in out, out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_frame_that_does_not_finish_does_not_hold_the_process(sig):
+    """A model node stopped mid-frame exits cleanly without the frame, before the shutdown
+    watchdog (which would call it a hang: thread dump, exit status 1)."""
+    ensure_model("lane")
+    code, out = stand_in("frame", 600.0, sig)
+    assert code == 0 and "still running" in out and "lane_node-worker" in out, out
+    assert "Traceback" not in out and "Timeout" not in out, out
 
 
 def light_graph() -> dict:

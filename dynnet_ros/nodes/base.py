@@ -167,9 +167,11 @@ def run_node(factory: Callable[[], Node], args: list[str] | None = None) -> int:
     Startup errors (bad parameters, a model that does not load) print one line and exit 1.
     Shutdown order (stop_signal.py says why rclpy's signal handlers are not used): stop taking
     work, close the node (its worker threads and engine), destroy it, shut the context down, give
-    a callback still running CALLBACK_GRACE_S to end, then exit without it.
+    a callback still running CALLBACK_GRACE_S to end, then exit without it — and without any
+    thread the node's ``unfinished_work()`` names (a frame its ``close`` could not wait out).
     """
     name = getattr(factory, "__name__", "node")
+    unfinished: list[str] = []  # the node's own threads its close() left running
     with StopSignal() as stop:
         try:
             with rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO):
@@ -187,15 +189,17 @@ def run_node(factory: Callable[[], Node], args: list[str] | None = None) -> int:
                     close = getattr(node, "close", None)
                     if close is not None:
                         close()
+                        unfinished = list(getattr(node, "unfinished_work", list)())
                     node.destroy_node()
         except StopRequested:
             return 0
         except ValueError as exc:
             print(f"{name}: error: {exc}", file=sys.stderr, flush=True)
             return 1
-    busy = _busy_threads(CALLBACK_GRACE_S)
+    busy = _busy_threads(CALLBACK_GRACE_S) + unfinished
     if busy:
-        # they are not daemons (the executor's workers): a normal exit would wait for them
+        # the executor's workers are not daemons (a normal exit would wait for them); the node's own
+        # threads still run a model, which the interpreter's teardown must not free under them
         print(f"{name}: still running {CALLBACK_GRACE_S:.0f} s after the stop signal: {', '.join(busy)}; "
               "exiting without them", file=sys.stderr, flush=True)
         sys.stdout.flush()

@@ -93,6 +93,10 @@ MESSAGE_HOLD_S = 30.0
 #: How often a worker waiting out ``max_rate_hz`` re-reads it: a lowered or cleared cap (or a
 #: stop) takes effect within this time, not at the end of a long period.
 RATE_POLL_S = 0.2
+#: How long closing waits for the worker to finish its frame or budget change: with the rest of
+#: the shutdown (run_node) it stays inside the stop signal's SHUTDOWN_DEADLINE_S, so a slow
+#: frame at a stop is left unfinished instead of being reported as a hang
+WORKER_STOP_S = 1.5
 
 
 def fixed_input(info: ModelInfo) -> bool:
@@ -776,11 +780,20 @@ class ModelNode(Node, ABC):
                 raise
 
     def close(self) -> None:
+        """Stop the worker, then free the engine. A worker still inside a frame or a budget
+        change after ``WORKER_STOP_S`` keeps the engine: freeing it under a running kernel could
+        crash the process, which exits without the worker instead (``unfinished_work``)."""
         self.budget_profile.close()
         self._stop.set()
         self._wake.set()
-        self._worker.join(timeout=5.0)
+        self._worker.join(timeout=WORKER_STOP_S)
+        if self._worker.is_alive():
+            return
         with self._engine_lock:
             if self._mapped is not None:
                 self._mapped.close()
             self.core.close()
+
+    def unfinished_work(self) -> list[str]:
+        """Threads ``close`` could not stop (run_node exits the process without them)."""
+        return [self._worker.name] if self._worker.is_alive() else []
