@@ -17,11 +17,12 @@ import pytest
 from onnx import TensorProto, helper
 
 from dynnet_ros.cli import main
+from dynnet_ros.commands import plan as plan_command
 from dynnet_ros.engine import Engine
 from dynnet_ros.engine.backends import cpu_planned, cut_verdict
 from dynnet_ros.engine.backends.cut_timing import candidates, reference_feeds, search, time_ratio
 from dynnet_ros.engine.model_io import InputSpec
-from dynnet_ros.engine.plan.cost_model import CutChoice, CutPoint
+from dynnet_ros.engine.plan.cost_model import CostTable, CutChoice, CutPoint
 from dynnet_ros.engine.plan.executor import CutsChosen, PlannedExecutor
 from dynnet_ros.engine.plan.options import PROFILES
 
@@ -245,38 +246,63 @@ def test_verdicts_of_engines_starting_together_are_decided_once(chain_file, monk
 
 # ----------------------------------------------------------------------------- the single session
 
-def _tiny_model() -> onnx.ModelProto:
-    """A MatMul on a few hundred kilobytes: nothing for a cut to save, so one session."""
+def _matmul_model(name: str, width: int) -> onnx.ModelProto:
+    """x [N, 16] -> MatMul -> Relu -> y [N, width] (N is 1 at the reference shape): no cut holds
+    less than one session's arena."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
-    w = helper.make_tensor("w", TensorProto.FLOAT, [16, 4], np.ones(64, np.float32))
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", width])
+    w = helper.make_tensor("w", TensorProto.FLOAT, [16, width], np.ones(16 * width, np.float32))
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])]
-    return _model(helper.make_graph(nodes, "tiny", [x], [y], [w]))
+    return _model(helper.make_graph(nodes, name, [x], [y], [w]))
 
 
 @pytest.fixture()
 def tiny_file(tmp_path, monkeypatch):
-    return _saved(_tiny_model(), tmp_path, monkeypatch)
+    """A few kilobytes of activations: a lean session saves nothing worth its allocations."""
+    return _saved(_matmul_model("tiny", 1), tmp_path, monkeypatch)
 
 
-def test_a_single_session_is_lean_where_its_time_is_within_the_limit(tiny_file):
-    verdict = cpu_planned.decide(tiny_file, 2, "nchwc", {**PROFILES["auto"], "latency_limit": 1e3})
+@pytest.fixture()
+def wide_file(tmp_path, monkeypatch):
+    """Hundreds of kilobytes of activations: under LEAN_SAVES the lean session holds less than
+    onnxruntime's defaults, and no cut set less than the lean session."""
+    return _saved(_matmul_model("wide", 32768), tmp_path, monkeypatch)
+
+
+#: onnxruntime's arena holding exactly what is live, a lean session half of that
+LEAN_SAVES = CostTable(run_overhead_s=1e-4, fault_s_per_mb=1e-3, mac_s=1e-10, byte_s=1e-10, ort_arena_factor=1.0,
+                       lean_arena_factor=0.5)
+
+
+def test_a_single_session_is_lean_where_its_time_is_within_the_limit(wide_file):
+    verdict = cpu_planned.decide(wide_file, 2, "nchwc",
+                                 {**PROFILES["auto"], "latency_limit": 1e3, "cost_table": LEAN_SAVES})
     assert verdict["fallback"] is True and "saves less than" in verdict["reason"]
     assert verdict["lean"] is True and verdict["lean_ratio"] > 0
 
 
-def test_a_single_session_keeps_onnxruntimes_defaults_where_lean_is_over_the_limit(tiny_file, chain_file):
-    for path in (tiny_file, chain_file):  # nothing to save; every cut set over the limit
-        verdict = cpu_planned.decide(path, 2, "nchwc", {**PROFILES["auto"], "latency_limit": 1e-3})
+def test_a_single_session_keeps_onnxruntimes_defaults_where_lean_is_over_the_limit(wide_file, chain_file):
+    for path, table in ((wide_file, LEAN_SAVES), (chain_file, None)):  # nothing to save; every cut set over
+        verdict = cpu_planned.decide(path, 2, "nchwc",
+                                     {**PROFILES["auto"], "latency_limit": 1e-3, "cost_table": table})
         assert verdict["fallback"] is True
         assert verdict["lean"] is False and verdict["lean_ratio"] > 1e-3
 
 
-def test_an_untimed_single_session_is_lean(tiny_file):
-    verdict = cpu_planned.decide(tiny_file, 2, "nchwc", PROFILES["memory"])
-    assert verdict["fallback"] is True and "lean" not in verdict  # the serving process's default: lean
+def test_an_untimed_single_session_is_lean_where_the_cost_model_predicts_a_saving(wide_file):
+    verdict = cpu_planned.decide(wide_file, 2, "nchwc", {**PROFILES["memory"], "cost_table": LEAN_SAVES})
+    assert verdict["fallback"] is True and verdict["lean"] is True and "lean_ratio" not in verdict
+
+
+def test_a_single_session_that_would_save_nothing_lean_keeps_onnxruntimes_defaults(tiny_file):
+    """Not timed either: a lean session allocates every tensor on every run, for no memory here."""
+    for profile in ("memory", "auto"):
+        verdict = cpu_planned.decide(tiny_file, 2, "nchwc", {**PROFILES[profile], "latency_limit": 1e3})
+        assert verdict["fallback"] is True and verdict["lean"] is False and "lean_ratio" not in verdict
+        assert verdict["reason"].startswith("one onnxruntime session: ")
     with Engine(tiny_file) as engine:
-        assert engine.stats()["plan"]["lean"] is True
+        assert engine.stats()["plan"]["lean"] is False
+        assert engine._executor._session.get_session_options().enable_mem_pattern is True
 
 
 @pytest.mark.parametrize("lean", [True, False])
@@ -291,15 +317,19 @@ def test_the_serving_process_runs_the_single_session_its_verdict_names(chain_fil
         assert engine._executor._session.get_session_options().enable_mem_pattern is (not lean)
 
 
-def test_dynnet_plan_says_how_the_single_session_runs(tiny_file, tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("DYNNET_PLAN_PROFILE", "auto")
+@pytest.mark.parametrize(("lean", "ratio", "kind"), [
+    (True, 1.01, "lean: no memory patterns, arena blocks mapped afresh, timed 1.010x onnxruntime's defaults"),
+    (False, 1.2, "onnxruntime's defaults, its own arena: lean timed 1.200x"),
+    (False, None, "onnxruntime's defaults, its own arena)")])
+def test_dynnet_plan_says_how_the_single_session_runs(tiny_file, tmp_path, monkeypatch, capsys, lean, ratio, kind):
+    verdict = {"fallback": True, "reason": "one onnxruntime session: the test's verdict", "cuts": None,
+               "lean": lean, "lean_ratio": ratio}
+    monkeypatch.setattr(plan_command, "cut_verdict", lambda *args, **kwargs: verdict)
     out = tmp_path / "plan.json"
     assert main(["plan", tiny_file, "--json", str(out)]) == 0
-    text = capsys.readouterr().out
     report = json.loads(out.read_text())
-    assert report["lean_ratio"] > 0
-    kind = "lean: no memory patterns" if report["lean"] else "onnxruntime's defaults, its own arena: lean timed"
-    assert f"one plain onnxruntime session ({kind}" in text
+    assert report["lean"] is lean and report["lean_ratio"] == ratio
+    assert f"one plain onnxruntime session ({kind}" in capsys.readouterr().out
 
 
 def test_a_lean_session_over_the_limit_is_timed_again_and_its_best_ratio_kept(tiny_file, monkeypatch):

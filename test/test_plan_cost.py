@@ -141,6 +141,17 @@ def test_the_lean_session_does_not_compete_within_the_memory_target():
     assert choose(curve, ORT, session=lean_within, memory_target=0.6).chosen == curve[0]
 
 
+def test_a_lean_session_that_saves_too_little_is_not_the_fallback():
+    """It allocates every tensor on every run: where it holds about what onnxruntime's defaults
+    hold, the fallback is onnxruntime's defaults, and a cut set must save against those."""
+    lean_equal = CutPoint(((0,),), 0.010, 95 * MB, single_session=True, lean=True)
+    choice = choose([point(30, 14.0, 95)], ORT, session=lean_equal, fallback_min_saving=0.1)
+    assert choice.fallback and choice.chosen is ORT and choice.session is ORT and not choice.chosen.lean
+    assert choice.reason.startswith("one onnxruntime session: ") and lean_equal not in choice.curve
+    cuts = [point(30, 14.0, 85)]  # saves 15% against onnxruntime, and so against no lean session
+    assert choose(cuts, ORT, session=lean_equal, fallback_min_saving=0.1).chosen == cuts[0]
+
+
 def test_a_table_without_a_lean_factor_predicts_the_lean_session_as_onnxruntimes():
     facts = chain([4 * MB, 4 * MB])
     given = table(arena_factor=3.0)
@@ -178,8 +189,10 @@ def _attention_model(tokens: int = 64, width: int = 32) -> onnx.ModelProto:
 
 def test_a_model_with_nothing_to_save_runs_as_one_onnxruntime_session_and_says_so():
     model = _attention_model()
-    # onnxruntime's arena holding exactly what is live (factor 1): no cut set can hold less
-    executor = create_planned_executor(model, layout="as-given", cost_table=table(arena_factor=1.0))
+    # onnxruntime's arena holding exactly what is live (factor 1): no cut set can hold less; the
+    # lean session, predicted at half of that, is the fallback
+    lean_table = replace(table(arena_factor=1.0), lean_arena_factor=0.5)
+    executor = create_planned_executor(model, layout="as-given", cost_table=lean_table)
     try:
         assert isinstance(executor, OrtExecutor) and executor.lean
         plan = executor.executor_stats().details["plan"]
@@ -189,6 +202,18 @@ def test_a_model_with_nothing_to_save_runs_as_one_onnxruntime_session_and_says_s
         feeds = {"x": np.random.default_rng(1).standard_normal((100, 32)).astype(np.float32)}
         reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         np.testing.assert_allclose(executor.run(feeds)["y"], reference.run(None, feeds)[0], rtol=1e-5, atol=1e-6)
+    finally:
+        executor.close()
+
+
+def test_without_a_predicted_saving_the_one_session_keeps_onnxruntimes_defaults():
+    # no lean factor measured: the lean session is predicted to hold what onnxruntime holds
+    executor = create_planned_executor(_attention_model(), layout="as-given", cost_table=table(arena_factor=1.0))
+    try:
+        assert isinstance(executor, OrtExecutor) and not executor.lean
+        plan = executor.executor_stats().details["plan"]
+        assert plan["fallback"] and plan["reason"].startswith("one onnxruntime session: ")
+        assert plan["lean"] is False and not any(p["lean"] for p in plan["cuts"]["curve"])
     finally:
         executor.close()
 

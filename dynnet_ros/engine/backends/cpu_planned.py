@@ -115,8 +115,9 @@ def decide(path: str, threads: int | None, layout: str, options: Mapping[str, An
     try:
         plan_here(model, threads=threads, layout=layout, options={**options, "decide_only": True})
     except NothingToSave as exc:
-        verdict = {"fallback": True, "reason": exc.choice.reason, "cuts": exc.choice.describe()}
-        if not limit:
+        lean = exc.choice.chosen.lean  # the cost model's: where it predicts a saving
+        verdict = {"fallback": True, "reason": exc.choice.reason, "cuts": exc.choice.describe(), "lean": lean}
+        if not limit or not lean:
             return verdict
         feeds = reference_feeds(input_specs(model), exc.reference_inputs)
         baseline = OrtExecutor(path, threads=threads)
@@ -165,8 +166,8 @@ def timed_verdict(path: str, threads: int | None, layout: str, options: Mapping[
             ratio = dict(taken)[len(points) - 1]
             reason = (f"one onnxruntime session: every cut set that saves memory ran over {limit:.2f}x its time "
                       f"at {at} (the fastest, {fastest.sessions} segments, took {ratio:.2f}x)")
-            return {"fallback": True, "reason": reason, "cuts": choice.describe(), "timing": timing,
-                    **lean_verdict(path, threads, baseline, feeds, limit)}
+            lean = lean_verdict(path, threads, baseline, feeds, limit) if choice.session.lean else {"lean": False}
+            return {"fallback": True, "reason": reason, "cuts": choice.describe(), "timing": timing, **lean}
     finally:
         baseline.close()
     point, ratio = points[index], dict(taken)[index]
@@ -201,11 +202,12 @@ def lean_verdict(path: str, threads: int | None, baseline: OrtExecutor, feeds: M
 
 
 def _one_session(model: onnx.ModelProto, threads: int | None, exc: NothingToSave) -> Executor:
-    """One lean onnxruntime session (OrtExecutor): the cost model found nothing to save. Untimed
-    (a model given in memory, or explicit options), as the "memory" profile runs."""
+    """One onnxruntime session (OrtExecutor), lean where the cost model predicts that saves: the
+    cost model found nothing to save by cutting. Untimed (a model given in memory, or explicit
+    options), as the "memory" profile runs."""
     log.info("planned engine not used for this model: %s", exc.choice.reason)
     # a weightless skeleton's external data is relative to its file: onnxruntime reads the file itself
-    return OrtExecutor(source_path(model) or model, threads=threads, lean=True,
+    return OrtExecutor(source_path(model) or model, threads=threads, lean=exc.choice.chosen.lean,
                        plan={"fallback": True, "reason": exc.choice.reason, "cuts": exc.choice.describe()})
 
 

@@ -33,7 +33,7 @@ from dynnet_ros.settings import settings
 
 log = logging.getLogger(__name__)
 
-VERDICT_VERSION = 3
+VERDICT_VERSION = 4
 LOCK_NAME = ".deciding.lock"
 #: the child's module: ``python -m CHILD_MODULE PATH THREADS LAYOUT OPTIONS_JSON`` prints the verdict
 CHILD_MODULE = "dynnet_ros.engine.backends.cpu_planned"

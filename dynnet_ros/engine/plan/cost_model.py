@@ -308,13 +308,17 @@ def choose(curve: Sequence[CutPoint], onnxruntime: CutPoint, *, session: CutPoin
     it, while ``onnxruntime`` (default options) stays the reference of the target and the ratios.
     It does not compete within the target: its figure comes from a factor measured on a small
     model (cost_table.py), where a cut set's is planned, and the "auto" profile times the pick
-    against onnxruntime anyway (backends/cut_timing.py). Without it, the fallback is
-    ``onnxruntime`` itself."""
+    against onnxruntime anyway (backends/cut_timing.py). Without it, or where it does not save
+    ``fallback_min_saving`` of onnxruntime's activations either, the fallback is ``onnxruntime``
+    itself: a lean session allocates every tensor on every run, which costs time where tensors
+    are many and small (a recurrent model's step) and buys nothing where they hold little."""
     if not curve:
         raise ValueError("the curve has no points")
     if memory_target <= 0 or not 0 <= fallback_min_saving < 1:
         raise ValueError(f"memory_target must be > 0 and fallback_min_saving in [0, 1), got "
                          f"{memory_target}, {fallback_min_saving}")
+    if session is not None and session.activation_bytes > (1 - fallback_min_saving) * onnxruntime.activation_bytes:
+        session = None
     single = session or onnxruntime
     points = tuple(curve) + (onnxruntime,) + (() if session is None else (session,))
     reference = onnxruntime.activation_bytes
