@@ -45,15 +45,12 @@ def model_and_feeds(name: str) -> tuple[str, dict[str, np.ndarray]]:
     return str(path), model.feeds(np.random.default_rng(0))[0]
 
 
-def best_us(call: Callable[[], object], calls: int, repeats: int) -> float:
-    """Best mean time of ``calls`` calls over ``repeats`` rounds (load only ever adds time)."""
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            call()
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best * 1e6
+def mean_us(call: Callable[[], object], calls: int) -> float:
+    """Mean time of ``calls`` calls in a row, in microseconds."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    return (time.perf_counter() - start) / calls * 1e6
 
 
 def main() -> None:
@@ -84,9 +81,9 @@ def main() -> None:
     for call in lines.values():  # warm up: first runs at this shape
         call()
     best = {label: float("inf") for label in lines}
-    for _ in range(args.repeats):
+    for _ in range(args.repeats):  # alternating rounds; the best of each line (load only adds time)
         for label, call in lines.items():
-            best[label] = min(best[label], best_us(call, args.calls, 1))
+            best[label] = min(best[label], mean_us(call, args.calls))
     print(f"{args.model}: best of {args.repeats} x {args.calls} calls, {args.threads} threads")
     for label, us in best.items():
         print(f"  {label:34s} {us:8.2f} us")
