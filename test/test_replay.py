@@ -41,6 +41,7 @@ from dynnet_ros.commands.up import stop_process_group
 from dynnet_ros.graph_config import default_config_path
 from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.nodes.convert import array_to_image, xyzi_to_cloud
+from dynnet_ros.nodes.diagnostics import status_values
 from dynnet_ros.sim.frames import SimSettings, camera_info_fields, render_frame
 from dynnet_ros.zoo import ensure_model
 
@@ -98,6 +99,7 @@ class Observer:
         self.lock = threading.Lock()
         self.stamps: dict[str, list[int]] = defaultdict(list)
         self.diagnostics: dict[str, list[int]] = defaultdict(list)  # node -> header stamps of its arrays
+        self.counters: dict[str, str] = {}  # model node -> its last frame counters (failure messages)
         self.clock: list[int] = []
         node = self.ros.node
         self.outputs = [node.create_subscription(kind, namespace + topic, self._recorder(topic), qos)
@@ -120,7 +122,14 @@ class Observer:
             with self.lock:
                 for status in msg.status:
                     if status.hardware_id.startswith(namespace + "/"):
-                        self.diagnostics[status.name.split(":", 1)[0].strip()].append(stamp_ns(msg.header))
+                        name = status.name.split(":", 1)[0].strip()
+                        self.diagnostics[name].append(stamp_ns(msg.header))
+                        values = status_values(status)
+                        if "frames_received" in values:
+                            self.counters[name] = " ".join(
+                                f"{key.removeprefix('frames_')} {values.get(key)}" for key in
+                                ("frames_received", "frames_processed", "frames_dropped", "frames_failed")
+                            ) + f" ({status.message})"
         return record
 
     def _on_clock(self, msg: Clock) -> None:
@@ -323,11 +332,13 @@ def _answered(observer: Observer, stamps: list[int]) -> bool:
 
 
 def _unanswered(observer: Observer, stamps: list[int]) -> str:
-    """Which frames each output is missing, and which the observer's own camera subscription
-    missed (for a failure message)."""
+    """Which frames each output is missing, which the observer's own camera subscription missed,
+    and each model node's last frame counters (for a failure message)."""
     outputs = observer.snapshot()[0]
+    with observer.lock:
+        counters = "; ".join(f"{node}: {line}" for node, line in sorted(observer.counters.items()))
     return "; ".join(f"{t} lacks {sorted(set(stamps) - set(outputs.get(t, [])))}"
-                     for t in (*OUTPUTS, "/camera/image_raw"))
+                     for t in (*OUTPUTS, "/camera/image_raw")) + f"\nmodel nodes' last diagnostics: {counters}"
 
 
 def wait_for_graph(observer: Observer, up: Up, namespace: str) -> None:

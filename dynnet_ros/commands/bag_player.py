@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 import rclpy
+from rclpy.duration import Duration
 from rclpy.node import Node
 from rclpy.publisher import Publisher
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
@@ -36,6 +37,9 @@ TOPIC_QOS = QoSProfile(depth=10, durability=DurabilityPolicy.TRANSIENT_LOCAL)
 MATCH_SETTLE_S = 1.0
 #: /clock: one sample, reliable (matches rclpy's best-effort /clock subscription and reliable ones)
 CLOCK_QOS = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE)
+#: how long the player waits, once the bag is played, for its reliable subscribers to acknowledge
+#: every message (``BagPlayer.wait_for_acks``)
+ACK_WAIT_S = 10.0
 
 
 def ns_to_time(stamp_ns: int) -> tuple[int, int]:
@@ -142,6 +146,23 @@ class BagPlayer:
             self.publish_clock(base + round(elapsed * self.pacing.rate * NS))
             if seconds is not None and elapsed >= seconds:
                 return
+
+    def wait_for_acks(self, timeout_s: float = ACK_WAIT_S) -> list[str]:
+        """Wait until every reliable subscriber has acknowledged every message played, for at
+        most ``timeout_s`` in all; returns the topics still waiting.
+
+        Why: a reliable writer resends a lost fragment of a large message (a camera frame) until
+        the reader has it, but only while the writer exists. Closed right after the last
+        message, the player would take the bag's last frame away from a reader on a busy machine
+        that had not yet reassembled it. Best-effort subscribers acknowledge nothing and are not
+        waited for."""
+        deadline = time.monotonic() + timeout_s
+        waiting = []
+        for topic, publisher in self._publishers.items():
+            remaining = Duration(nanoseconds=max(0, int((deadline - time.monotonic()) * NS)))
+            if not publisher.wait_for_all_acked(remaining):
+                waiting.append(topic)
+        return waiting
 
     def close(self) -> None:
         try:

@@ -27,7 +27,7 @@ from dynnet_ros.bags.pacing import Pacing, Step, loop_period_ns, paced_steps
 from dynnet_ros.bags.reader import BAG_FORMS, Bag
 from dynnet_ros.bags.topics import Remap, TopicPlan, parse_remap
 from dynnet_ros.commands import CommandError, arguments
-from dynnet_ros.commands.bag_player import BagPlayer
+from dynnet_ros.commands.bag_player import ACK_WAIT_S, BagPlayer
 from dynnet_ros.commands.up import GraphRunner, StopRequest, load_config
 from dynnet_ros.graph_config import GraphConfig, fq_node_name, recorder_process
 from dynnet_ros.nodes.message_types import message_class
@@ -223,6 +223,11 @@ def replay(args: argparse.Namespace, bag: Bag, plan: TopicPlan, pacing: Pacing, 
             if status == 0 and not stop.event.is_set():
                 player.wait_for_subscribers(stop.event, DISCOVERY_WAIT_S)
                 completed = play_with_progress(player, bag, plan, stop.event, console)
+                if completed:
+                    unacknowledged = player.wait_for_acks()
+                    if unacknowledged:
+                        print(f"dynnet replay: warning: subscribers of {', '.join(unacknowledged)} did not "
+                              f"acknowledge the last messages within {ACK_WAIT_S:.0f} s", file=sys.stderr, flush=True)
                 if completed and runner is not None:
                     player.keep_clock(stop.event, args.linger)
         finally:
