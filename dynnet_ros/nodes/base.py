@@ -200,8 +200,8 @@ def run_node(factory: Callable[[], Node], args: list[str] | None = None) -> int:
     if busy:
         # the executor's workers are not daemons (a normal exit would wait for them); the node's own
         # threads still run a model, which the interpreter's teardown must not free under them
-        print(f"{name}: still running {CALLBACK_GRACE_S:.0f} s after the stop signal: {', '.join(busy)}; "
-              "exiting without them", file=sys.stderr, flush=True)
+        print(f"{name}: still running after the stop signal: {', '.join(busy)}; exiting without them",
+              file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(0)
     # Everything is closed: skip the interpreter's final garbage collection over the model's
