@@ -99,7 +99,7 @@ class Observer:
         self.lock = threading.Lock()
         self.stamps: dict[str, list[int]] = defaultdict(list)
         self.diagnostics: dict[str, list[int]] = defaultdict(list)  # node -> header stamps of its arrays
-        self.counters: dict[str, str] = {}  # model node -> its last frame counters (failure messages)
+        self.counters: dict[str, tuple[dict, str]] = {}  # model node -> its last status values and message
         self.clock: list[int] = []
         node = self.ros.node
         self.outputs = [node.create_subscription(kind, namespace + topic, self._recorder(topic), qos)
@@ -126,10 +126,7 @@ class Observer:
                         self.diagnostics[name].append(stamp_ns(msg.header))
                         values = status_values(status)
                         if "frames_received" in values:
-                            self.counters[name] = " ".join(
-                                f"{key.removeprefix('frames_')} {values.get(key)}" for key in
-                                ("frames_received", "frames_processed", "frames_dropped", "frames_failed")
-                            ) + f" ({status.message})"
+                            self.counters[name] = (values, status.message)
         return record
 
     def _on_clock(self, msg: Clock) -> None:
@@ -336,7 +333,10 @@ def _unanswered(observer: Observer, stamps: list[int]) -> str:
     and each model node's last frame counters (for a failure message)."""
     outputs = observer.snapshot()[0]
     with observer.lock:
-        counters = "; ".join(f"{node}: {line}" for node, line in sorted(observer.counters.items()))
+        latest = sorted(observer.counters.items())
+    keys = ("frames_received", "frames_processed", "frames_dropped", "frames_failed")
+    counters = "; ".join(f"{node}: " + " ".join(f"{key.removeprefix('frames_')} {values.get(key)}" for key in keys)
+                         + f" ({message})" for node, (values, message) in latest)
     return "; ".join(f"{t} lacks {sorted(set(stamps) - set(outputs.get(t, [])))}"
                      for t in (*OUTPUTS, "/camera/image_raw")) + f"\nmodel nodes' last diagnostics: {counters}"
 
