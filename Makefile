@@ -55,11 +55,25 @@ $(LAUNCH_STAMP): $(VENV)/.stamp requirements-launch.txt $(LAUNCH_KIT)/install.sh
 	touch $@
 endif
 
+# composition_interfaces + vision_msgs (no PyPI wheels) built from the kit beside the repo with PyPI's
+# rosidl wheels, for the tests that use the real types (composable-node services, Detection2DArray);
+# `make test` sources the install space. Without the kit those tests skip and say why.
+IFACE_KIT ?= ../shared/vendor/ros2-interfaces
+IFACE_DIR := $(VENV)/ros2-interfaces
+ifneq ($(wildcard $(IFACE_KIT)/build.sh),)
+IFACE_STAMP := $(VENV)/.interfaces-kit
+$(IFACE_STAMP): $(VENV)/.stamp $(IFACE_KIT)/build.sh $(IFACE_KIT)/requirements-build.txt
+	bash $(IFACE_KIT)/build.sh $(VENV) $(IFACE_DIR)
+	touch $@
+endif
+# the interface packages' install space on the paths (PYTHONPATH, LD_LIBRARY_PATH, AMENT_PREFIX_PATH)
+WITH_IFACES := $(if $(IFACE_STAMP),. $(IFACE_DIR)/install/local_setup.sh &&)
+
 zoo: venv
 	$(VENV)/bin/dynnet zoo build
 
-test: venv $(LAUNCH_STAMP)
-	$(PY) -m pytest test $(PYTEST_ARGS)
+test: venv $(LAUNCH_STAMP) $(IFACE_STAMP)
+	$(WITH_IFACES) $(PY) -m pytest test $(PYTEST_ARGS)
 
 # What .ci/run repeats on every supported interpreter: package import, engine vs onnxruntime on
 # every zoo model at two shapes, an RDP conformance sample, one ROS graph test (marker in conftest).
