@@ -46,3 +46,15 @@ def test_map_run_prints_exits_and_stage_times(tmp_path, capsys):
     assert result["summary"]["frames"] == 2
     assert all(row["exit"] == 0 and row["early"] and row["skipped"] == [1] for row in result["frames"])
     assert "mean" in capsys.readouterr().out
+
+
+def test_map_run_says_no_exit_where_an_exit_has_no_confidence(tmp_path, capsys):
+    mapping = tmp_path / "m.yaml"
+    mapping.write_text(yaml.safe_dump({"hardware": "this-machine:1", "partition": {"exits": ["relu_4", "lane_prob"]},
+                                       "stages": ["cpu0", "cpu0"]}))
+    assert cli.main(["map", "run", "zoo:lane", "--mapping", str(mapping), "--frames", "2", "--size", "64x64",
+                     "--json", str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    assert "no exit" in out and "inf" not in out
+    rows = json.loads((tmp_path / "r.json").read_text())["frames"]
+    assert all(row["confidence"] is None for row in rows)

@@ -243,3 +243,23 @@ def test_build_stages_dispatches_on_the_partition(multiexit):
 def test_bad_partitions_are_refused(raw, reason):
     with pytest.raises(ValueError, match=reason):
         parse_partition(raw)
+
+
+def test_weights_kept_in_constant_nodes_count_as_stage_weights():
+    """A paddle2onnx export keeps its weights in Constant nodes: its stages hold them as
+    initializers (counted in weight_bytes) and still compute the original outputs exactly."""
+    from _corpus import by_name
+
+    corpus = by_name("ppocr-text-detector")
+    if not corpus.available():
+        pytest.skip(corpus.skip_reason)
+    model = onnx.load(str(corpus.path()))
+    assert not model.graph.initializer      # every weight is a Constant node
+    output = model.graph.output[0].name
+    cut = next(n.output[0] for n in model.graph.node if n.name == "p2o.Conv.10")
+    stage_set = depth_stages(model, [cut, {"outputs": [output]}])
+    assert all(stage.weight_bytes > 0 for stage in stage_set.stages)
+    assert sum(stage.weight_bytes for stage in stage_set.stages) >= 4 * 2**20
+    feed = corpus.feeds(np.random.default_rng(0))[0]
+    got = _chain(stage_set, feed)
+    assert np.array_equal(got[output], _session(model).run([output], feed)[0])

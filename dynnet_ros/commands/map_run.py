@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _map_arguments.add_json(parser, "per-frame results and the summary")
 
 
+def confidence_text(confidence: float | None) -> str:
+    """A confidence for a table: "no exit" where the exit has no criterion (it never answers early)."""
+    return "no exit" if confidence is None or not math.isfinite(confidence) else f"{confidence:.3f}"
+
+
 def run(args: argparse.Namespace) -> int:
     _map_arguments.required(args.mapping, "--mapping", "FILE", "give the mapping file to run")
     model_path = resolve_model_spec(args.model)
@@ -69,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
                 result = executor.last_result
                 assert result is not None
                 rows.append({"frame": index, "exit": result.exit_index, "early": result.early,
-                             "confidence": round(result.confidence, 4), "latency_ms": round(result.latency_ms, 3),
+                             "confidence": round(result.confidence, 4) if math.isfinite(result.confidence) else None,
+                             "latency_ms": round(result.latency_ms, 3),
                              "deadline_hit": result.deadline_hit, "overlap": round(result.overlap, 3),
                              "stage_ms": {str(k): round(v, 3) for k, v in sorted(result.stage_ms.items())},
                              "skipped": list(result.skipped)})
@@ -82,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     for col in ("frame", "exit", "early", "confidence", "latency ms", "stage ms", "skipped"):
         table.add_column(col, justify="left" if col in ("stage ms", "skipped") else "right")
     for row in rows:
-        table.add_row(str(row["frame"]), str(row["exit"]), "yes" if row["early"] else "no", f"{row['confidence']:.3f}",
+        table.add_row(str(row["frame"]), str(row["exit"]), "yes" if row["early"] else "no",
+                      confidence_text(row["confidence"]),
                       f"{row['latency_ms']:.1f}", " ".join(f"{k}:{v:.1f}" for k, v in row["stage_ms"].items()),
                       ",".join(map(str, row["skipped"])) or "-")
     console.print(table)

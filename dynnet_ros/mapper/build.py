@@ -6,6 +6,7 @@ from typing import Callable, Iterable, Mapping
 import numpy as np
 
 from dynnet_ros.engine.model_io import ModelLike, load_model
+from dynnet_ros.engine.plan.loader import hoist_weight_constants
 from dynnet_ros.engine.rdp import analyze
 
 from .partition import Partition
@@ -18,7 +19,7 @@ def build_stages(model: ModelLike, partition: Partition,
                  progress: Callable[[str], None] | None = None) -> StageSet:
     """The stages ``partition`` asks for; ``calibration`` frames fit the width split's probe exits
     and measure its agreement with the full model (depth-wise stages need none: they are exact)."""
-    proto = load_model(model)
+    proto = hoist_weight_constants(load_model(model))
     if progress:
         progress("RDP analysis")
     rdp = analyze(proto)

@@ -22,6 +22,7 @@ import onnx
 from onnx import helper
 
 from dynnet_ros.engine.model_io import ModelLike, load_model, weight_bytes
+from dynnet_ros.engine.plan.loader import hoist_weight_constants
 from dynnet_ros.engine.rdp import AnalysisResult, analyze
 from dynnet_ros.engine.rdp.expr import Expr, to_json_dim
 
@@ -210,8 +211,10 @@ def depth_stages(model: ModelLike, exits: Sequence[Any] | None = None,
     ``exits``: the exits to cut at (output names or ``{"outputs", "criterion", "answer"}``; an
     internal tensor's name makes a cut that never answers); None: the model's ``dynnet_exits``
     metadata, else one exit per graph output. ValueError when an
-    exit adds no computation, or RDP cannot prove a crossing tensor's shape."""
-    proto = load_model(model)
+    exit adds no computation, or RDP cannot prove a crossing tensor's shape. Weights a model keeps
+    in ``Constant`` nodes become the stages' initializers (``hoist_weight_constants``), so they
+    count in each stage's weights and load like any other weight."""
+    proto = hoist_weight_constants(load_model(model))
     specs = resolve_exits(proto, exits)
     rdp = rdp or analyze(proto)
     graph = proto.graph

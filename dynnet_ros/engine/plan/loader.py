@@ -28,6 +28,43 @@ _INT_TYPES = {onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.I
               onnx.TensorProto.UINT8, onnx.TensorProto.BOOL}
 
 
+def stays_embedded(data_type: int, nbytes: int) -> bool:
+    """Whether a tensor is too small to count as a weight: small tensors (and shape-like
+    integers) stay inside the graph; everything else is held and streamed as a weight."""
+    return nbytes < _MIN_BYTES or (data_type in _INT_TYPES and nbytes <= 4096 * 8)
+
+
+def hoist_weight_constants(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``proto`` whose top-level ``Constant`` nodes holding a weight-sized ``value``
+    tensor are initializers of the same name, by the rule ``skeleton_bytes`` applies to files:
+    the same values under the same name, counted and streamed like any other weight. Constants
+    that are graph outputs, live inside ``If``/``Loop`` bodies or sit in an IR < 4 model (whose
+    initializers must be graph inputs) stay as they are."""
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    if out.ir_version < 4:
+        return out
+    outputs = {o.name for o in out.graph.output}
+    kept = []
+    for node in out.graph.node:
+        value = next((a.t for a in node.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR),
+                     None)
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and value is not None \
+                and len(node.output) == 1 and node.output[0] not in outputs and len(node.attribute) == 1:
+            nbytes = int(np.prod(value.dims, dtype=np.int64)) * \
+                np.dtype(helper.tensor_dtype_to_np_dtype(value.data_type)).itemsize
+            if not stays_embedded(value.data_type, nbytes):
+                tensor = out.graph.initializer.add()
+                tensor.CopyFrom(value)
+                tensor.name = node.output[0]
+                continue
+        kept.append(node)
+    if len(kept) != len(out.graph.node):
+        del out.graph.node[:]
+        out.graph.node.extend(kept)
+    return out
+
+
 def _varint(buf, pos: int) -> tuple[int, int]:
     result = shift = 0
     while True:
@@ -105,8 +142,8 @@ def _tensor_without_data(buf, start: int, end: int, location: str) -> bytes:
     if raw is None:
         return bytes(buf[start:end])
     length = raw[1] - raw[0]
-    if length < _MIN_BYTES or (data_type in _INT_TYPES and length <= 4096 * 8):
-        return bytes(buf[start:end])  # small tensors (and shape-like integers) stay embedded
+    if stays_embedded(data_type, length):
+        return bytes(buf[start:end])
     for key, value in (("location", location), ("offset", str(raw[0])), ("length", str(length))):
         kept += _len_field(13, _string_entry(key, value))
     kept += _encode_varint(14 << 3 | 0) + _encode_varint(onnx.TensorProto.EXTERNAL)
