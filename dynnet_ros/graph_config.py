@@ -32,6 +32,9 @@ ON_REQUEST: dict[str, str] = {
     "recorder": "dynnet_ros.nodes.recorder",
 }
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: a flat QoS override parameter, e.g. ``qos_overrides./camera/image_raw.subscription.reliability``
+#: (a ROS 2 parameter file takes it as well as the nested mapping)
+_QOS_OVERRIDE_NAME = re.compile(r"^qos_overrides\.(/[A-Za-z_~{][A-Za-z0-9_/{}~]*)\.[a-z_]+\.[a-z_]+$")
 _TOPIC = re.compile(r"^~?/?[A-Za-z_~{][A-Za-z0-9_/{}~]*$")
 _RESPAWN_KEYS = {"respawn", "respawn_delay_s", "respawn_max_retries", "respawn_window_s"}
 _NODE_KEYS = {"name", "executable", "sim", "parameters", "remappings"} | _RESPAWN_KEYS
@@ -157,7 +160,7 @@ def parse_graph(data: Any, source: str = "<memory>") -> GraphConfig:
         if not isinstance(params, dict):
             raise ValueError(f"{label}: 'parameters' must be a mapping")
         for key, value in params.items():
-            if not isinstance(key, str) or not _NAME.match(key.replace(".", "_")):
+            if not isinstance(key, str) or not (_NAME.match(key.replace(".", "_")) or _QOS_OVERRIDE_NAME.match(key)):
                 raise ValueError(f"{label}: bad parameter name {key!r}")
             if not _param_value_ok(value):
                 raise ValueError(f"{label}: parameter '{key}' must be a bool, number, string, a non-empty "

@@ -95,3 +95,26 @@ def test_runnable_example(block: Block, doc_env, tmp_path):
     proc = subprocess.run(command, cwd=tmp_path, env=doc_env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, \
         f"{block.name} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+
+
+QOS_KEY = re.compile(r"qos_overrides\.(/[\w/]+)\.(subscription|publisher)\.(\w+): (\w+)")
+
+
+def test_qos_override_keys_the_docs_quote_pass_the_preflight():
+    """A QoS override written as README.md and docs/ros.md quote it is one `dynnet up` accepts on
+    the node kind that has such an entity (model nodes subscribe, sensor_sim publishes)."""
+    import yaml
+
+    from dynnet_ros.graph_config import default_config_path, parse_graph
+    from dynnet_ros.nodes.parameter_check import parameter_problems
+
+    quoted = [match for path in (REPO / "README.md", REPO / "docs" / "ros.md")
+              for match in QOS_KEY.finditer(path.read_text())]
+    assert quoted, "the docs quote no QoS override"
+    for match in quoted:
+        topic, entity, policy, value = match.groups()
+        data = yaml.safe_load(default_config_path().read_text())
+        node = next(n for n in data["nodes"]
+                    if n["name"] == ("sensor_sim" if entity == "publisher" else "lane_node"))
+        node.setdefault("parameters", {})[f"qos_overrides.{topic}.{entity}.{policy}"] = value
+        assert parameter_problems(parse_graph(data, "docs.yaml")) == [], match.group(0)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from _corpus import by_name, package_dir
 from matplotlib import image as mpimg
 
@@ -102,3 +103,37 @@ def test_one_line_errors(tmp_path, capsys):
     not_image = tmp_path / "notes.png"
     not_image.write_text("hello\n")
     one_error(capsys, ["infer", model, str(not_image), "--out", str(tmp_path)], "not a readable image")
+
+
+@needs_photo
+@pytest.mark.skipif(not DETECTOR.available(), reason=DETECTOR.skip_reason)
+def test_infer_takes_the_pedestrian_nodes_parameters_and_prints_a_line_per_image(tmp_path, capsys):
+    from dynnet_ros.nodes import pedestrian_node
+
+    model, images = str(DETECTOR.path()), [str(photo("astronaut.png")), str(photo("coffee.png"))]
+    assert cli.main(["infer", model, *images, "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 3 and out[0].startswith("astronaut.png 512x512: 1 detection: FACE_FEMALE 0.")
+    assert out[1].startswith("coffee.png 600x400: ") and "results.json" in out[2]
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["node"] == "pedestrian_node"
+    assert data["parameters"] == {spec.name: spec.default for spec in pedestrian_node.PARAMETERS}
+    assert data["score_threshold"] == 0.3 and "fit into 320x320" in data["preprocess"]   # the export's imgsz
+
+    # a graph config's pedestrian_node parameters apply, the flags over them
+    config = tmp_path / "vehicle.yaml"
+    config.write_text(yaml.safe_dump({"nodes": [{"name": "pedestrian_node", "executable": "pedestrian_node",
+                                                 "parameters": {"max_input_side": 640, "score_threshold": 0.5}}]}))
+    assert cli.main(["infer", model, images[0], "--out", str(tmp_path), "--config", str(config),
+                     "--score-threshold", "0.6", "--param", "max_detections=3"]) == 0
+    capsys.readouterr()
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert (data["score_threshold"], data["max_detections"]) == (0.6, 3)
+    assert "fit into 640x640" in data["preprocess"]
+
+    one_error(capsys, ["infer", model, images[0], "--out", str(tmp_path), "--score-threshold", "2"],
+              "--score-threshold: score_threshold must be in [0.0, 1.0], got 2.0")
+    one_error(capsys, ["infer", model, images[0], "--out", str(tmp_path), "--param", "lane_threshold=0.4"],
+              "--param lane_threshold: pedestrian_node declares no such parameter")
+    one_error(capsys, ["infer", model, images[0], "--out", str(tmp_path), "--output-name", "x"],
+              "--output-name does not apply to detect")

@@ -1,7 +1,8 @@
 """`dynnet up` restarts a crashed node while the rest of the graph keeps serving.
 
 One live graph (real `dynnet up`, real rclpy): the simulator, pedestrian and depth nodes, and a
-lane node pointed at a model file that does not exist, so it exits with status 1 at every start.
+lane node pointed at an ONNX model that is no segmenter (the preflight reads only that it is a
+model), so it exits with status 1 at every start.
 `kill -9` on the depth node (what the OOM killer does) brings it back as a new process that
 publishes again, and pedestrian detections arrive while it is down; the lane node is restarted
 with doubling delays, then left down at its limit with an ERROR line and a stderr report, and
@@ -15,10 +16,12 @@ import signal
 import threading
 from pathlib import Path
 
+import onnx
 import pytest
 import yaml
 from _up import Up
 from _waiting import wait_for
+from onnx import TensorProto, helper
 from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import Image
 from visualization_msgs.msg import MarkerArray
@@ -32,6 +35,15 @@ pytestmark = pytest.mark.timeout(600)
 NS = f"/respawn_{os.getpid()}"
 CRASH_RETRIES = 2
 CRASH_DELAY_S = 0.25
+
+
+def not_a_segmenter(path: Path) -> Path:
+    """A valid ONNX model with no image input: the preflight passes it, the lane node's start fails."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "not_a_segmenter", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
 
 
 def respawn_graph(path: Path) -> Path:
@@ -49,7 +61,7 @@ def respawn_graph(path: Path) -> Path:
             params.update(max_input_side=160)
         node.update(respawn=True, respawn_delay_s=0.5, respawn_max_retries=3, respawn_window_s=600.0)
         if node["name"] == "lane_node":
-            params.update(model_path=str(path.parent / "no_such_model.onnx"))
+            params.update(model_path=str(not_a_segmenter(path.parent / "not_a_segmenter.onnx")))
             node.update(respawn_delay_s=CRASH_DELAY_S, respawn_max_retries=CRASH_RETRIES)
         nodes.append(node)
     data["nodes"] = nodes
@@ -131,3 +143,26 @@ def test_a_killed_node_comes_back_and_a_crash_loop_stops_at_its_limit(tmp_path):
     assert code == 1, log  # a node left down makes the run a failure
     assert any("failure: node(s) left down: lane_node" in line for line in up.err), log
     assert not any("Traceback" in line for line in up.out + up.err), log
+
+
+def test_a_crash_loop_cut_short_by_the_end_of_the_run_fails_the_run(tmp_path):
+    """A node that crashed again after its restart makes `dynnet up` fail even though the run ended
+    before the node reached its retry limit."""
+    data = yaml.safe_load(default_config_path().read_text())
+    [lane] = [node for node in data["nodes"] if node["name"] == "lane_node"]
+    lane.setdefault("parameters", {})["model_path"] = str(not_a_segmenter(tmp_path / "not_a_segmenter.onnx"))
+    lane.update(respawn=True, respawn_delay_s=CRASH_DELAY_S, respawn_max_retries=50, respawn_window_s=600.0)
+    data["nodes"] = [lane]
+    config = tmp_path / "lane_only.yaml"
+    config.write_text(yaml.safe_dump(data, sort_keys=False))
+    up = Up(config, NS)
+    try:
+        wait_for(lambda: len(up.supervisor("WARN", "lane_node")) >= 2 or up.proc.poll() is not None, 240,
+                 "lane_node crashing twice")
+        assert up.proc.poll() is None, up.log()
+    finally:
+        code = up.stop()
+    log = up.log()
+    assert code == 1, log
+    assert any("failure: node(s) crash-looped: lane_node exited with status 1" in line for line in up.err), log
+    assert not any("left down" in line for line in up.err), log

@@ -247,3 +247,38 @@ def test_demo_summary_and_plot_from_recorded_diagnostics(tmp_path):
     assert summary["system_available_mb_min"] == 1000.0
     plot(recorder, tmp_path / "demo.png")
     assert (tmp_path / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_flat_qos_override_keys_are_checked_like_the_nested_form():
+    """ROS 2 parameter files take `qos_overrides./topic.subscription.policy` as one dotted key."""
+    flat = _default_with("lane_node", **{"qos_overrides./camera/image_raw.subscription.reliability": "reliable",
+                                         "qos_overrides./camera/image_raw.subscription.depth": 2})
+    assert parameter_problems(parse_graph(flat, "g.yaml")) == []
+    bad = _default_with("sensor_sim", **{"qos_overrides./camera/image_raw.publisher.reliability": "sure"})
+    [problem] = parameter_problems(parse_graph(bad, "g.yaml"))
+    assert problem == ("node sensor_sim: parameter qos_overrides./camera/image_raw.publisher.reliability: "
+                       "must be one of reliable, best_effort, system_default, got 'sure'")
+    wrong_side = _default_with("lane_node", **{"qos_overrides./camera/image_raw.publisher.depth": 1})
+    assert "must hold only 'subscription'" in parameter_problems(parse_graph(wrong_side, "g.yaml"))[0]
+
+
+@pytest.mark.parametrize("content, reason", [(None, "model file not found"),
+                                             (b"a text file, not a model\n", "is not a readable ONNX model")])
+def test_dynnet_up_refuses_a_model_path_that_is_no_model_before_starting_anything(tmp_path, capsys, content,
+                                                                                   reason):
+    model = tmp_path / "detector.onnx"
+    if content is not None:
+        model.write_bytes(content)
+    config = tmp_path / "g.yaml"
+    config.write_text(yaml.safe_dump(_default_with("pedestrian_node", model_path=str(model))))
+    assert cli_main(["up", "--config", str(config), "--duration", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "node pedestrian_node: parameter model_path: " in err[0] and reason in err[0] and str(config) in err[0]
+
+
+def test_a_model_path_that_is_a_model_passes_the_preflight():
+    from dynnet_ros.zoo import ensure_model
+
+    graph = parse_graph(_default_with("depth_node", model_path=str(ensure_model("depth"))), "g.yaml")
+    assert parameter_problems(graph) == []

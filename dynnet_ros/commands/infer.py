@@ -1,22 +1,33 @@
 """`dynnet infer MODEL IMAGE…`: run a perception core on image files — check a model before a robot run.
 
-Writes one annotated PNG per image into ``--out`` and a JSON report (the format decision and
-its reason, the preprocessing, per-image results and latency). The task is read from the model
-when only one task's formats fit it; otherwise ``--task`` says which.
+It runs what the task's node runs: the core is built by the node's own factory
+(``make_detector``, ``make_segmenter``, ``make_depth_estimator``) from parameter values
+resolved against the node's parameter table (``PARAMETERS``): the table's defaults, then the
+node's parameters in a graph config (``--config``), then the flags, each checked as the node
+checks it. The same model and frame therefore give the same answer here and from the node.
+
+Prints one line per image and writes one annotated PNG per image into ``--out`` and a JSON
+report (the parameters, the format decision and its reason, the preprocessing, per-image results
+and latency; ``--json -`` prints the report instead of the lines). The task is read from the
+model when only one task's formats fit it; otherwise ``--task`` says which.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
+import yaml
 from matplotlib import image as mpimg
-from rich.progress import Progress
 
 from dynnet_ros.commands import CommandError, annotate, arguments
+from dynnet_ros.graph_config import load_graph
+from dynnet_ros.nodes import depth_node, lane_node, pedestrian_node
+from dynnet_ros.nodes.base import ParamSpec
 from dynnet_ros.perception import Depth, DepthEstimator, Detections, Detector, Segmentation, Segmenter
 from dynnet_ros.perception.formats.base import Format
 from dynnet_ros.perception.formats.depth import DEPTH_FORMATS
@@ -29,6 +40,25 @@ from dynnet_ros.zoo import resolve_model_spec
 NAME = "infer"
 HELP = "run a detector, segmenter or depth model on image files: annotated PNGs + JSON"
 TASKS = ("detect", "segment", "depth")
+
+
+@dataclass(frozen=True)
+class TaskNode:
+    """The node that runs a task: its executable, parameter table and core factory."""
+
+    executable: str
+    parameters: list[ParamSpec]
+    make_core: Callable[..., Detector | Segmenter | DepthEstimator]
+
+
+NODES = {"detect": TaskNode("pedestrian_node", pedestrian_node.PARAMETERS, pedestrian_node.make_detector),
+         "segment": TaskNode("lane_node", lane_node.PARAMETERS, lane_node.make_segmenter),
+         "depth": TaskNode("depth_node", depth_node.PARAMETERS, depth_node.make_depth_estimator)}
+#: flags that set a node parameter (flag destination -> parameter), each defaulting to the table's
+FLAG_PARAMETERS = {"model_format": "model_format", "classes": "classes", "labels_file": "labels_file",
+                   "score_threshold": "score_threshold", "nms_iou": "nms_iou", "max_detections": "max_detections",
+                   "output_name": "output_name", "input_size": "max_input_side", "backend": "backend",
+                   "threads": "threads"}
 
 
 def _task_formats(task: str, output_name: str | None) -> Mapping[str, Format]:
@@ -56,33 +86,99 @@ def _triple(text: str) -> tuple[float, float, float]:
     return values[0], values[1], values[2]
 
 
+def _param(text: str) -> tuple[str, Any]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=VALUE (a YAML value, e.g. lane_threshold=0.6)")
+    try:
+        return name.strip(), yaml.safe_load(value)
+    except yaml.YAMLError:
+        raise argparse.ArgumentTypeError(f"{text!r}: VALUE is not a YAML value") from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", type=arguments.model_spec, help="path to an .onnx model, or zoo:NAME")
     parser.add_argument("images", nargs="*", type=arguments.existing_file, metavar="IMAGE",
                         help="image files (PNG, JPEG, ...), at least one")
     parser.add_argument("--task", choices=TASKS, default=None,
                         help="detect | segment | depth (default: read from the model when only one fits)")
-    parser.add_argument("--model-format", default="auto", metavar="FORMAT",
-                        help="the model's export format (default auto; docs/models.md lists them)")
     parser.add_argument("--out", type=arguments.output_dir, default=Path("infer-out"), metavar="DIR",
                         help="directory for the annotated PNGs (default ./infer-out)")
-    parser.add_argument("--json", type=arguments.output_file, default=None, metavar="FILE",
-                        help="JSON report (default DIR/results.json)")
-    parser.add_argument("--classes", type=_names, default=[], metavar="A,B",
-                        help="class names or ids to keep (detect) / that form the mask (segment)")
-    parser.add_argument("--labels-file", type=arguments.existing_file, default=None, metavar="FILE",
-                        help="class names, one per line (or a YAML/JSON names list)")
-    parser.add_argument("--score-threshold", type=float, default=0.25, help="detect: minimum score (0.25)")
-    parser.add_argument("--nms-iou", type=float, default=0.45, help="detect: NMS IoU threshold (0.45)")
-    parser.add_argument("--output-name", default=None, help="segment: the output to decode (default: the first)")
-    parser.add_argument("--input-size", type=arguments.positive_int, default=None, metavar="PX",
-                        help="dynamic-input models: fit frames into PX x PX (default: metadata or format)")
-    parser.add_argument("--mean", type=_triple, default=None, metavar="R,G,B", help="per-channel mean on [0, 1]")
-    parser.add_argument("--std", type=_triple, default=None, metavar="R,G,B", help="per-channel std on [0, 1]")
-    parser.add_argument("--channel-order", choices=("RGB", "BGR"), default=None, help="the model's channel order")
-    parser.add_argument("--backend", default="cpu", help="engine backend (default cpu)")
+    parser.add_argument("--json", default=None, metavar="FILE",
+                        help="JSON report (default DIR/results.json); '-' prints it instead of the per-image lines")
     parser.add_argument("--repeat", type=arguments.positive_int, default=1, metavar="N",
                         help="run each image N times; latency_ms is the median of the runs after the first")
+    node = parser.add_argument_group(
+        "node parameters", "what the task's node (pedestrian_node, lane_node, depth_node) takes, with its "
+        "defaults (docs/ros.md, Parameters); unset flags keep the node's default or --config's value")
+    node.add_argument("--config", type=arguments.existing_file, default=None, metavar="FILE",
+                      help="a graph config (config/vehicle.yaml): the task node's parameters in it apply")
+    node.add_argument("--model-format", default=None, metavar="FORMAT",
+                      help="model_format: the model's export format (auto; docs/models.md lists them)")
+    node.add_argument("--classes", type=_names, default=None, metavar="A,B",
+                      help="classes: class names or ids to keep (detect) / that form the mask (segment)")
+    node.add_argument("--labels-file", type=arguments.existing_file, default=None, metavar="FILE",
+                      help="labels_file: class names, one per line (or a YAML/JSON names list)")
+    node.add_argument("--score-threshold", type=float, default=None, help="score_threshold (detect; node: 0.3)")
+    node.add_argument("--nms-iou", type=float, default=None, help="nms_iou (detect; node: 0.45)")
+    node.add_argument("--max-detections", type=int, default=None, help="max_detections (detect; node: 50)")
+    node.add_argument("--output-name", default=None, help="output_name (segment): the output to decode")
+    node.add_argument("--input-size", type=int, default=None, metavar="PX",
+                      help="max_input_side: dynamic-input models fit frames into PX x PX (node: -1 = the "
+                      "model's own size, its imgsz metadata or its format's default; 0 = the image size)")
+    node.add_argument("--backend", default=None, help="backend (node: cpu)")
+    node.add_argument("--threads", type=int, default=None, help="threads (node: 0 = onnxruntime's default)")
+    node.add_argument("--param", type=_param, action="append", default=[], metavar="NAME=VALUE",
+                      help="any other parameter of the node, e.g. lane_threshold=0.6 (repeatable)")
+    extra = parser.add_argument_group("preprocessing", "not node parameters: the node reads these from the "
+                                      "model's metadata or its format; set them here to try a model without any")
+    extra.add_argument("--mean", type=_triple, default=None, metavar="R,G,B", help="per-channel mean on [0, 1]")
+    extra.add_argument("--std", type=_triple, default=None, metavar="R,G,B", help="per-channel std on [0, 1]")
+    extra.add_argument("--channel-order", choices=("RGB", "BGR"), default=None, help="the model's channel order")
+
+
+def node_parameters(task: str, args) -> dict[str, Any]:
+    """The task node's parameter values for this run: its table's defaults, the node's
+    parameters in ``--config``, then the flags and ``--param`` (CommandError naming a value the
+    node would refuse, as the node would word it)."""
+    node = NODES[task]
+    specs = {spec.name: spec for spec in node.parameters}
+    values: dict[str, tuple[Any, str]] = {name: (spec.default, "default") for name, spec in specs.items()}
+    if args.config is not None:
+        try:
+            graph = load_graph(args.config)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        configured = [n for n in graph.nodes if n.executable == node.executable]
+        if not configured:
+            raise CommandError(f"{args.config} has no {node.executable} (the {task} node)")
+        values.update({name: (value, f"{args.config}") for name, value in configured[0].parameters.items()
+                       if name in specs})
+    for dest, name in FLAG_PARAMETERS.items():
+        value = getattr(args, dest)
+        if value is None:
+            continue
+        if name not in specs:
+            raise CommandError(f"--{dest.replace('_', '-')} does not apply to {task} ({node.executable} has no "
+                               f"parameter {name})")
+        values[name] = (str(value) if isinstance(value, Path) else value, f"--{dest.replace('_', '-')}")
+    for name, value in args.param:
+        if name not in specs:
+            raise CommandError(f"--param {name}: {node.executable} declares no such parameter "
+                               f"(it has {', '.join(sorted(specs))})")
+        values[name] = (value, "--param")
+    out: dict[str, Any] = {}
+    for name, (value, source) in values.items():
+        spec = specs[name]
+        if spec.type_key is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)   # a flag's or --param's 1 means 1.0 (a parameter file's would not)
+        if spec.type_key == "string_array" and isinstance(value, (list, tuple)):
+            value = [str(v) for v in value]
+        reason = spec.check_file_value(value)
+        if reason is not None:
+            raise CommandError(f"{source}: {reason}")
+        out[name] = list(value) if isinstance(value, tuple) else value
+    return out
 
 
 def read_rgb(path: Path) -> np.ndarray:
@@ -122,18 +218,12 @@ def infer_task(info: ModelInfo, names: list[str] | None, output_name: str | None
     raise CommandError(f"{info.path} fits several tasks: {listed}; give --task")
 
 
-def build_core(task: str, model: str, args) -> Detector | Segmenter | DepthEstimator:
-    common: dict[str, Any] = {"backend": args.backend, "mean": args.mean, "std": args.std,
-                              "channel_order": args.channel_order, "input_size": args.input_size}
-    if task == "detect":
-        return Detector(model, args.model_format, classes=args.classes, score_threshold=args.score_threshold,
-                        nms_iou=args.nms_iou, labels_file=args.labels_file, **common)
-    if task == "segment":
-        return Segmenter(model, args.model_format, classes=args.classes, output_name=args.output_name,
-                         labels_file=args.labels_file, **common)
-    if args.classes or args.labels_file:
-        raise CommandError("--classes and --labels-file apply to detect and segment, not depth")
-    return DepthEstimator(model, args.model_format, **common)
+def build_core(task: str, model: str, params: dict[str, Any], args) -> Detector | Segmenter | DepthEstimator:
+    """The task node's core for ``params``, built by the node's own factory (its budget aside:
+    a node's budget bounds its memory, never its answers)."""
+    preprocessing = {key: value for key, value in (("mean", args.mean), ("std", args.std),
+                                                   ("channel_order", args.channel_order)) if value is not None}
+    return NODES[task].make_core(model, params, None, **preprocessing)
 
 
 def _infer_one(core: Detector | Segmenter | DepthEstimator, image: np.ndarray, png: Path,
@@ -162,32 +252,72 @@ def _infer_one(core: Detector | Segmenter | DepthEstimator, image: np.ndarray, p
     return entry
 
 
+#: detections named on an image's line; the rest are counted
+LINE_DETECTIONS = 5
+
+
+def summary(name: str, image: np.ndarray, entry: dict[str, Any]) -> str:
+    """One line for one image: what the model found and how long it took."""
+    head = f"{name} {image.shape[1]}x{image.shape[0]}:"
+    timing = f"({entry['latency_ms']:.1f} ms)"
+    if "detections" in entry:
+        found = entry["detections"]
+        shown = ", ".join(f"{d['class_name'] or d['class_id']} {d['score']:.2f} "
+                          f"[{','.join(str(round(v)) for v in d['box_xyxy'])}]" for d in found[:LINE_DETECTIONS])
+        more = f", +{len(found) - LINE_DETECTIONS} more" if len(found) > LINE_DETECTIONS else ""
+        what = f"{len(found)} detection{'s' if len(found) != 1 else ''}" + (f": {shown}{more}" if found else "")
+    elif "segmentation" in entry:
+        what = f"mask {100.0 * entry['segmentation']['mask_fraction']:.1f} % of the pixels"
+    else:
+        depth = entry["depth"]
+        what = "no valid depth" if depth["median_m"] is None else \
+            (f"depth {depth['min_m']:.2f}..{depth['max_m']:.2f} m, median {depth['median_m']:.2f} m on "
+             f"{100.0 * depth['valid_fraction']:.0f} % of the pixels")
+    return f"{head} {what} {timing}"
+
+
 def run(args) -> int:
     if not args.images:
         raise CommandError("give at least one IMAGE file")
+    to_stdout = args.json == "-"
+    json_path: Path | None = None
+    if args.json is not None and not to_stdout:
+        try:
+            json_path = arguments.output_file(args.json)
+        except argparse.ArgumentTypeError as exc:
+            raise CommandError(f"--json: {exc}") from None
     model = resolve_model_spec(args.model)
     task = args.task
     if task is None:
         info = read_model_info(model, check=False)   # the core checks the model when it loads it
         names = read_labels_file(args.labels_file) if args.labels_file else names_from_metadata(info.metadata)
-        task = infer_task(info, names, args.output_name, args.model_format)
+        task = infer_task(info, names, args.output_name, args.model_format or "auto")
+    if task == "depth" and (args.classes is not None or args.labels_file is not None):
+        raise CommandError("--classes and --labels-file apply to detect and segment, not depth")
+    params = node_parameters(task, args)
     first = read_rgb(args.images[0])  # a wrong file is named before a model is built
     out_dir: Path = args.out
     out_dir.mkdir(parents=True, exist_ok=True)
-    json_path: Path = args.json or out_dir / "results.json"
-    core = build_core(task, model, args)
-    report: dict[str, Any] = {**core.describe(), "task": task, "images": []}
+    json_path = json_path or out_dir / "results.json"
+    core = build_core(task, model, params, args)
+    report: dict[str, Any] = {**core.describe(), "task": task, "node": NODES[task].executable,
+                              "parameters": params, "images": []}
     try:
-        with Progress(transient=True) as progress:
-            bar = progress.add_task(f"{task} {Path(model).name}", total=len(args.images))
-            for number, path in enumerate(args.images):
-                image = first if number == 0 else read_rgb(path)
-                png = out_dir / f"{number:03d}_{path.stem}.{task}.png"
-                entry = _infer_one(core, image, png, args.repeat)
-                report["images"].append({"image": str(path), "width": image.shape[1], "height": image.shape[0],
-                                         "annotated": str(png), **entry})
-                progress.advance(bar)
+        for number, path in enumerate(args.images):
+            image = first if number == 0 else read_rgb(path)
+            png = out_dir / f"{number:03d}_{path.stem}.{task}.png"
+            entry = _infer_one(core, image, png, args.repeat)
+            report["images"].append({"image": str(path), "width": image.shape[1], "height": image.shape[0],
+                                     "annotated": str(png), **entry})
+            if not to_stdout:
+                print(summary(path.name, image, entry), flush=True)
     finally:
         core.close()
-    json_path.write_text(json.dumps(report, indent=1))
+    text = json.dumps(report, indent=1)
+    if to_stdout:
+        print(text)
+    else:
+        json_path.write_text(text)
+        print(f"{len(args.images)} image{'s' if len(args.images) != 1 else ''} ({task}, {core.format_name}, "
+              f"{core.preprocess.describe()}): report {json_path}, annotated PNGs in {out_dir}")
     return 0

@@ -33,7 +33,7 @@ from dynnet_ros.units import MB
 #: camera resolutions (WxH) the sweep letterboxes, 320x240 … 1920x1080
 SWEEP_CAMERAS = ((320, 240), (640, 480), (800, 600), (1024, 768), (1280, 720), (1280, 800), (1280, 960),
                  (1280, 1024), (1920, 1080))
-#: the nodes' default ``max_input_side`` and the models' input multiple
+#: the zoo models' input size (the nodes' default ``max_input_side`` -1 = the model's own) and multiple
 SWEEP_MAX_SIDE = 640
 SWEEP_MULTIPLE = 32
 #: a row whose peak exceeds this × its budget is flagged

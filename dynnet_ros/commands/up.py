@@ -10,7 +10,8 @@ also get SIGTERM from the kernel if `dynnet up` itself is killed (PR_SET_PDEATHS
 A node that dies on its own (a crash, the kernel's OOM killer) is restarted under its
 RespawnPolicy while the others keep running; one that keeps crashing, has respawn off, or exits
 with status 0 unasked is left down, reported as an ERROR line (`[dynnet up] ERROR: ...`) and on
-stderr, and makes the run a failure.
+stderr, and makes the run a failure; so does a node that crashed again after a restart (a crash
+loop not yet at its limit when the run ends) or is still down awaiting a restart at the end.
 
 With its ROS link (`dynnet up` itself; nodes/supervisor_link.py) the supervisor also tells an
 OOM kill from another SIGKILL (budget/oom.py: kernel counters read around the death), reports
@@ -182,6 +183,7 @@ class GraphRunner:
         self.stopping = False
         self.escalated: dict[str, str] = {}  # node -> SIGTERM/SIGKILL it needed after SIGINT (see stop)
         self.left_down: dict[str, str] = {}  # node -> why the supervisor stopped restarting it
+        self.crash_looped: dict[str, str] = {}  # node -> its crashes, once it crashed again after a restart
         self._lock = threading.Lock()  # supervise() and stop() never interleave: no restart after a stop
         self._print_lock = threading.Lock()
         self._sink = sink or self._print
@@ -303,6 +305,8 @@ class GraphRunner:
             self._leave_down(name, f"{what}; {crashes} crashes within {policy.window_s:g} s "
                                    f"(respawn_max_retries {policy.max_retries}), left down")
         else:
+            if crashes > 1:  # a restart that did not help: the run is not a success even if a later one does
+                self.crash_looped[name] = f"{what}; {crashes} crashes within {policy.window_s:g} s"
             delay = policy.delay_after(crashes)
             child.restart_at = now + delay
             self._report("WARN", f"{name} {what}; restarting in {delay:g} s "
@@ -359,8 +363,17 @@ class GraphRunner:
 
     def report_failures(self, command: str) -> bool:
         """Print on stderr, as ``command``, why the run failed although it stopped: nodes left
-        down, nodes that ignored SIGINT. True when there was such a failure."""
+        down, crash-looping (crashed again after a restart) or down awaiting a restart at the end,
+        nodes that ignored SIGINT. True when there was such a failure."""
         failures = []
+        looped = {name: why for name, why in self.crash_looped.items() if name not in self.left_down}
+        if looped:
+            listing = "; ".join(f"{name} {why}" for name, why in sorted(looped.items()))
+            failures.append(f"node(s) crash-looped: {listing}")
+        pending = sorted(c.node.name for c in self.children
+                         if c.restart_at is not None and c.node.name not in {*self.left_down, *looped})
+        if pending:
+            failures.append(f"node(s) down at the end of the run, waiting to be restarted: {', '.join(pending)}")
         if self.left_down:
             listing = "; ".join(f"{name} {why}" for name, why in sorted(self.left_down.items()))
             failures.append(f"node(s) left down: {listing}")

@@ -111,10 +111,20 @@ def fixed_input(info: ModelInfo) -> bool:
     return False
 
 
+#: ``max_input_side`` default: the model's own input size (see ``input_size``)
+MODEL_INPUT_SIDE = -1
+#: the letterbox a node estimates its first frame's memory with before its core decides its own
+#: (the zoo's models' input size)
+ESTIMATE_INPUT_SIDE = 640
+
+
 def input_size(path: str, params: dict[str, Any]) -> int | None:
     """The ``input_size`` option for a core: ``max_input_side`` for a dynamic-input model (frames
-    fitted into a square of that side, 0 = as they come), None for a fixed-input one."""
-    return None if fixed_input(read_model_info(path)) else int(params["max_input_side"])
+    fitted into a square of that side, 0 = as they come), None where the preprocessing decides:
+    a fixed-input model's own size, or with ``max_input_side`` -1 the size the export recorded
+    (its ``imgsz`` metadata), else its format's default (docs/models.md)."""
+    side = int(params["max_input_side"])
+    return None if side == MODEL_INPUT_SIDE or fixed_input(read_model_info(path)) else side
 
 
 def class_list(values: list[str]) -> list[str]:
@@ -186,9 +196,11 @@ def common_specs(task: str) -> list[ParamSpec]:
                   "a newer one replacing (and dropping) the older, so the node answers the newest frame once "
                   "the period is over and leaves the CPU to the rest of the robot meanwhile.",
                   low=0.0, high=1000.0),
-        ParamSpec("max_input_side", 640, "Dynamic-input models: fit camera frames into a square of this side "
-                  "(the zoo's models only shrink, exports such as Ultralytics' also enlarge) before padding to "
-                  "the model's stride (0 = the camera size). Fixed-input models ignore it.", low=0, high=8192),
+        ParamSpec("max_input_side", MODEL_INPUT_SIDE, "Dynamic-input models: fit camera frames into a square of "
+                  "this side (the zoo's models only shrink, exports such as Ultralytics' also enlarge) before "
+                  "padding to the model's stride; -1 = the model's own size (the imgsz an export recorded in its "
+                  "metadata, else its format's default: 640 for the zoo's and most formats); 0 = the camera "
+                  "size. Fixed-input models are letterboxed to their size and ignore it.", low=-1, high=8192),
         ParamSpec("mapping", "", "Mapped mode (docs/mapper.md): a mapping file that cuts the model into stages "
                   "run on compute units, answering at the first confident exit; empty = unmapped. A file that "
                   "does not load is rejected and the previous mapping keeps serving. 'auto' (this machine) or "
@@ -230,6 +242,7 @@ class ModelNode(Node, ABC):
         width, height, channels = DEFAULT_CAMERA
         self._frame_key: tuple | None = None
         side = int(self.params["max_input_side"])  # the zoo's letterbox until the core decides its own
+        side = ESTIMATE_INPUT_SIDE if side == MODEL_INPUT_SIDE else side
         self.frame: FrameBytes = self.frame_bytes(width * height * channels, plan_letterbox(
             height, width, target=(side, side) if side else None, multiple=self.input_multiple, scaleup=False))
         self._engine_budget_mb: float | None = None   # what the engine was handed

@@ -3,7 +3,9 @@
 Why: a node handed a bad value by its parameter file dies in its constructor with a long rclpy
 traceback (wrong type) or refuses its start (out of range), after the rest of the graph is up.
 ``dynnet up`` and ``launch/vehicle.launch.py`` run this check on the YAML first and refuse the
-whole config with one line naming the file, the node, the parameter and the reason.
+whole config with one line naming the file, the node, the parameter and the reason. A model
+node's ``model_path`` is read too (its signature only, not the weights): a missing file or one
+that is no ONNX model would otherwise crash-loop the node at every restart.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Any
 from dynnet_ros.graph_config import GraphConfig
 from dynnet_ros.nodes import budget_manager, depth_node, lane_node, pedestrian_node, sensor_sim
 from dynnet_ros.nodes.base import ParamSpec
+from dynnet_ros.perception.model_info import read_model_info
 
 #: parameters every ROS 2 node takes without declaring them
 ROS_PARAMETERS = frozenset({"use_sim_time", "start_type_description_service"})
@@ -23,6 +26,9 @@ QOS_ENTITIES = {"sensor_sim": "publisher", "lane_node": "subscription", "pedestr
 QOS_POLICY_VALUES = {"reliability": ("reliable", "best_effort", "system_default"),
                      "history": ("keep_last", "keep_all", "system_default"),
                      "durability": ("volatile", "transient_local", "system_default")}
+
+#: the executables whose ``model_path`` names an ONNX model ('' = the zoo's, built on first use)
+MODEL_NODES = frozenset({"lane_node", "pedestrian_node", "depth_node"})
 
 DECLARED: dict[str, list[ParamSpec]] = {
     "sensor_sim": sensor_sim.PARAMETERS,
@@ -38,7 +44,7 @@ def parameter_problems(graph: GraphConfig) -> list[str]:
     problems = []
     for node in graph.nodes:
         specs = {spec.name: spec for spec in DECLARED[node.executable]}
-        for name, value in node.parameters.items():
+        for name, value in nest_qos_overrides(node.parameters).items():
             spec = specs.get(name)
             if name == QOS_OVERRIDES and node.executable in QOS_ENTITIES:
                 problems += [f"node {node.name}: parameter {name}{problem}"
@@ -50,9 +56,50 @@ def parameter_problems(graph: GraphConfig) -> list[str]:
                                     f"parameter (it has {', '.join(sorted(specs))})")
                 continue
             reason = spec.check_file_value(value)
+            if reason is None and name == "model_path" and node.executable in MODEL_NODES:
+                reason = model_file_problem(value)
             if reason is not None:
                 problems.append(f"node {node.name}: parameter {name}: {reason}")
     return problems
+
+
+def model_file_problem(path: str) -> str | None:
+    """Why ``path`` (a model node's ``model_path``) cannot be its model, or None ('' = the zoo's)."""
+    if not path:
+        return None
+    try:
+        read_model_info(path, check=False)  # the signature: the weights are the node's to load
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def nest_qos_overrides(parameters: dict[str, Any]) -> dict[str, Any]:
+    """``parameters`` with flat QoS override keys (``qos_overrides./topic.subscription.reliability:
+    reliable``, which a ROS 2 parameter file takes as well as the nested form) folded into the
+    nested ``qos_overrides`` mapping, so both forms are checked alike. A flat key without the
+    three parts stays as it is (and is reported as undeclared)."""
+    prefix = f"{QOS_OVERRIDES}."
+    out = {name: value for name, value in parameters.items() if not name.startswith(prefix)}
+    nested = out.get(QOS_OVERRIDES, {})
+    if not isinstance(nested, dict):
+        return dict(parameters)  # the nested value's own problem is reported
+    merged: dict[str, Any] = {topic: {entity: dict(policies) if isinstance(policies, dict) else policies
+                                      for entity, policies in entities.items()}
+                              if isinstance(entities, dict) else entities for topic, entities in nested.items()}
+    for name, value in parameters.items():
+        if not name.startswith(prefix):
+            continue
+        parts = name[len(prefix):].rsplit(".", 2)   # topic names hold no dots
+        entities = merged.setdefault(parts[0], {}) if len(parts) == 3 and all(parts) else None
+        policies = entities.setdefault(parts[1], {}) if isinstance(entities, dict) else None
+        if isinstance(policies, dict):
+            policies[parts[2]] = value
+        else:
+            out[name] = value
+    if merged:
+        out[QOS_OVERRIDES] = merged
+    return out
 
 
 def check_graph_parameters(graph: GraphConfig, source: str) -> None:
