@@ -59,9 +59,12 @@ def _session(model: onnx.ModelProto):
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
-def _feed(model: onnx.ModelProto, shapes: dict[str, tuple], rng) -> dict:
+def _feed(model: onnx.ModelProto, shapes: dict[str, tuple], rng, values=None) -> dict:
+    """Random inputs of the given shapes; ``values`` maps an input to ``fn(shape, rng)`` where
+    the model needs particular values (indices, lengths)."""
     np_types = {TensorProto.FLOAT: np.float32, TensorProto.INT64: np.int64, TensorProto.INT32: np.int32,
-                TensorProto.DOUBLE: np.float64, TensorProto.BOOL: np.bool_}
+                TensorProto.DOUBLE: np.float64, TensorProto.BOOL: np.bool_, TensorProto.UINT8: np.uint8,
+                TensorProto.INT8: np.int8}
     inits = {i.name for i in model.graph.initializer}
     feed = {}
     for i in model.graph.input:
@@ -69,7 +72,11 @@ def _feed(model: onnx.ModelProto, shapes: dict[str, tuple], rng) -> dict:
             continue
         shape = shapes[i.name]
         dt = np_types[i.type.tensor_type.elem_type]
-        if dt is np.float32 and int(np.prod(shape)) == 1:
+        if values and i.name in values:
+            feed[i.name] = np.asarray(values[i.name](shape, rng), dtype=dt)
+        elif dt in (np.uint8, np.int8):
+            feed[i.name] = rng.integers(0, 100, shape).astype(dt)
+        elif dt is np.float32 and int(np.prod(shape)) == 1:
             feed[i.name] = np.full(shape, 0.5, dtype=dt)
         elif dt in (np.int64, np.int32):
             feed[i.name] = np.full(shape, 10, dtype=dt)
@@ -88,7 +95,7 @@ def edo_downstream(res) -> set[str]:
 
 
 def compare(model: onnx.ModelProto, size_sets: list[dict[str, tuple]], tally: Tally, label: str,
-            divisors=None) -> None:
+            divisors=None, values=None) -> None:
     res = analyze(model, divisors=divisors)
     edo = edo_downstream(res)
     dtypes = {k: v.dtype for k, v in res.tensors.items()}
@@ -97,7 +104,7 @@ def compare(model: onnx.ModelProto, size_sets: list[dict[str, tuple]], tally: Ta
     rng = np.random.default_rng(0)
     for shapes in size_sets:
         env = res.bind(shapes)
-        outs = sess.run(names, _feed(model, shapes, rng))
+        outs = sess.run(names, _feed(model, shapes, rng, values))
         for n, v in zip(names, outs):
             real = tuple(np.shape(v))
             got = res.tensor_shape(n, env) if n in res.tensors else None

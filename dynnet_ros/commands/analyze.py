@@ -47,6 +47,10 @@ def ops_table() -> list[dict]:
             note = (note + "; " if note else "") + f"ISDOS before opset {d.values_since} (attribute, not input)"
         rows.append({"op": name, "domain": "ai.onnx", "category": d.category if d else "unclassified",
                      "family": d.family if d else "", "since": sorted(versions[name]), "note": note})
+    for name in sorted(set(REGISTRY) - set(versions)):  # onnxruntime's own default-domain ops
+        d = REGISTRY[name]
+        rows.append({"op": name, "domain": "ai.onnx (onnxruntime)", "category": d.category, "family": d.family,
+                     "since": [], "note": d.note})
     for key, d in sorted(CUSTOM.items()):
         domain, _, _ = key.rpartition(":")  # "com.microsoft.nchwc:Conv" or a name-only custom op
         rows.append({"op": d.op_type, "domain": domain or (d.family if "." in d.family else "custom"),

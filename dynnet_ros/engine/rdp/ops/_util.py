@@ -23,6 +23,16 @@ def norm_axis(axis: int, rank: int) -> int:
     return a
 
 
+def channels_first(dims: tuple) -> tuple:
+    """``[N, spatial..., C]`` as ``[N, C, spatial...]`` (NHWC read as NCHW)."""
+    return (dims[0], dims[-1]) + tuple(dims[1:-1])
+
+
+def channels_last(dims: tuple) -> tuple:
+    """``[N, C, spatial...]`` as ``[N, spatial..., C]``."""
+    return (dims[0],) + tuple(dims[2:]) + (dims[1],)
+
+
 def concrete(dims) -> tuple | None:
     if dims is None or not all(isinstance(d, int) for d in dims):
         return None

@@ -8,10 +8,12 @@ shape's element count as usual.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..expr import Dim, add, floordiv, mul
-from ..lattice import nac, shaped
+from ..lattice import TensorInfo, nac, shaped
 from ..registry import Ctx, register
-from ._util import same_shape
+from ._util import channels_first, channels_last, same_shape
 from .nn import conv, gemm, global_pool, matmul_dims, pool
 
 NCHWC = "com.microsoft.nchwc"
@@ -44,6 +46,20 @@ register("MaxPool AveragePool", "ISDOS", "pool", domain=NCHWC)(pool)
 register("GlobalAveragePool GlobalMaxPool", "ISDOS", "pool", domain=NCHWC)(global_pool)
 register("FusedConv", "ISDOS", "conv", domain=MICROSOFT)(conv)
 register("FusedGemm", "ISDOS", "matmul", domain=MICROSOFT)(gemm)
+
+
+@register("NhwcConv", "ISDOS", "conv", domain=MICROSOFT,
+          note="no CPU kernel: checked against onnxruntime's symbolic shape inference")
+def nhwc_conv(ctx: Ctx) -> list:
+    """Conv with input ``[N, H, W, C]`` and weight ``[M, kH, kW, C/group]``: ``[N, H', W', M]``."""
+    x, w = ctx.inp(0), ctx.inp(1)
+    if x is None or x.dims is None or len(x.dims) < 3 or w is None or w.dims is None or len(w.dims) != len(x.dims):
+        return [nac("input or weight rank unknown", x.dtype if x else 0)]
+    nchw = [TensorInfo(channels_first(x.dims), x.dtype), TensorInfo(channels_first(w.dims), w.dtype)]
+    y = conv(replace(ctx, inputs=nchw + list(ctx.inputs[2:])))[0]
+    if y.dims is None:
+        return [y]
+    return [TensorInfo(channels_last(y.dims), y.dtype, None, y.reason)]
 
 
 @register("FusedMatMul TransposeMatMul", "ISDOS", "matmul", domain=MICROSOFT)
