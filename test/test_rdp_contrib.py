@@ -232,6 +232,46 @@ def embed_model() -> onnx.ModelProto:
                   [("emb", F), ("mask_index", I32), ("emb_sum", F), ("qemb", F), ("qmask_index", I32)], inits)
 
 
+def legacy_model() -> onnx.ModelProto:
+    """com.microsoft versions of standard ops (Range without delta, Pad, Trilu, Inverse,
+    GatherND, GridSample, Unique) and ExpandDims, CDist; the Range/Pad amounts come from shapes."""
+    r = np.random.default_rng(9)
+    n = helper.make_node
+    inits = [_init("i0", np.array([0], np.int64)), _init("i1", np.array([1], np.int64)),
+             _init("zero", np.int64(0)), _init("ax", np.int32(-1)), _init("two2", np.array([2, 2], np.int64)),
+             _init("pts", r.standard_normal((5, 4)).astype(np.float32)),
+             _init("gidx", np.array([[0, 1], [1, 0]], np.int64)), _init("flat", np.array([-1], np.int64))]
+    nodes = [n("Shape", ["x"], ["xs"]), n("Gather", ["xs", "i1"], ["h1"]), n("Squeeze", ["h1"], ["h"]),
+             _n("Range", ["zero", "h"], ["rng"]),
+             n("Concat", ["i0", "i1", "i0", "h1"], ["pads"], axis=0),  # [0, 1, 0, H]: grows H by 1, W by H
+             _n("Pad", ["x", "pads"], ["padded"]),
+             _n("Trilu", ["x"], ["tri"], upper=1), _n("Inverse", ["sq"], ["inv"]),
+             _n("ExpandDims", ["x", "ax"], ["expanded"]),
+             _n("GatherND", ["x", "gidx"], ["gnd"]),
+             _n("GridSample", ["img", "grid"], ["sampled"]),
+             _n("CDist", ["x", "pts"], ["dist"]),
+             n("Reshape", ["x", "flat"], ["x_flat"]), _n("Unique", ["x_flat"], ["uniq", "uniq_idx", "uniq_counts"])]
+    inputs = [("x", F, ["H", 4]), ("sq", F, ["B", 3, 3]), ("img", F, ["B", 2, "IH", "IW"]),
+              ("grid", F, ["B", "GH", "GW", 2])]
+    outs = [(name, F) for name in ("padded", "tri", "inv", "expanded", "gnd", "sampled", "dist", "uniq")]
+    return _model(nodes, inputs, outs + [(name, I64) for name in ("rng", "uniq_idx", "uniq_counts")], inits)
+
+
+def packed_weight_model() -> onnx.ModelProto:
+    """Ops of 4-bit weight quantisation and onnxruntime's NHWC rewrite: GatherBlockQuantized
+    (packed uint8 embedding table), MatMulBnb4 (NF4 weight), NhwcMaxPool."""
+    r = np.random.default_rng(10)
+    inits = [_init("table", r.integers(0, 255, (10, 8)).astype(np.uint8)),
+             _init("table_s", np.ones((10, 1), np.float32)),
+             _init("bnb", r.integers(0, 255, (64,)).astype(np.uint8)), _init("absmax", np.ones(8, np.float32))]
+    nodes = [_n("GatherBlockQuantized", ["table", "ids", "table_s"], ["emb"],
+                bits=4, block_size=16, gather_axis=0, quantize_axis=1),
+             _n("MatMulBnb4", ["emb", "bnb", "absmax"], ["bnb_out"], K=16, N=8, block_size=16, quant_type=1),
+             _n("NhwcMaxPool", ["img8"], ["pooled"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])]
+    return _model(nodes, [("ids", I64, ["B", "S"]), ("img8", U8, ["B", "H", "W", 3])],
+                  [("bnb_out", F), ("pooled", U8)], inits)
+
+
 def _ints(high: int):
     return lambda shape, rng: rng.integers(0, high, shape)
 
@@ -264,10 +304,25 @@ CASES = {
         {"q": (1, 1, 16), "k": (1, 1, 8), "v": (1, 1, 8), "cache": (1, 1, 16, 8)},
         {"q": (1, 2, 16), "k": (1, 2, 8), "v": (1, 2, 8), "cache": (1, 1, 8, 8)},
         {"q": (3, 1, 16), "k": (3, 1, 8), "v": (3, 1, 8), "cache": (3, 1, 5, 8)}], {}),
+    "packed-weights": (packed_weight_model, [{"ids": (1, 5), "img8": (1, 9, 12, 3)},
+                                             {"ids": (3, 2), "img8": (3, 4, 7, 3)}], {"ids": _ints(10)}),
     "embed-layer-norm": (embed_model, [{"ids": (1, 5), "segs": (1, 5), "mask": (1, 5)},
                                        {"ids": (3, 12), "segs": (3, 12), "mask": (3, 12)}],
                          {"ids": _ints(30), "segs": _ints(2), "mask": lambda shape, rng: np.ones(shape)}),
 }
+
+
+def test_legacy_contrib_ops_agree_with_onnxruntime():
+    """Only Unique's values and counts are unknown: their length is the number of distinct values."""
+    tally = Tally()
+    sizes = [{"x": (3, 4), "sq": (1, 3, 3), "img": (1, 2, 6, 7), "grid": (1, 4, 5, 2)},
+             {"x": (7, 4), "sq": (2, 3, 3), "img": (2, 2, 3, 9), "grid": (2, 1, 2, 2)}]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RDPWarning)
+        compare(legacy_model(), sizes, tally, "legacy")
+    assert tally.wrong == 0, tally.wrong_list
+    assert {name for _, name, _ in tally.nac_list} == {"uniq", "uniq_counts"}, tally.nac_list
+    assert tally.nac == tally.data_dependent == 4 and tally.right == 2 * 14
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -31,6 +32,18 @@ def channels_first(dims: tuple) -> tuple:
 def channels_last(dims: tuple) -> tuple:
     """``[N, C, spatial...]`` as ``[N, spatial..., C]``."""
     return (dims[0],) + tuple(dims[2:]) + (dims[1],)
+
+
+def channels_last_rule(ctx: Ctx, rule: Callable[[Ctx], list], x_index: int = 0) -> list:
+    """``rule`` applied to an NCHW view of the NHWC input ``x_index``, its outputs back in NHWC
+    (onnxruntime's ``channels_last``/Nhwc ops)."""
+    x = ctx.inp(x_index)
+    if x is None or x.dims is None or len(x.dims) < 3:
+        return [nac("input rank unknown", x.dtype if x else 0) for _ in range(ctx.n_out)]
+    ins = list(ctx.inputs)
+    ins[x_index] = TensorInfo(channels_first(x.dims), x.dtype, None, x.reason)
+    return [t if t.dims is None else TensorInfo(channels_last(t.dims), t.dtype, None, t.reason)
+            for t in rule(replace(ctx, inputs=ins))]
 
 
 def concrete(dims) -> tuple | None:

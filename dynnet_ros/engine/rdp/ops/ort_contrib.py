@@ -13,7 +13,7 @@ from dataclasses import replace
 from ..expr import Dim, add, floordiv, mul
 from ..lattice import TensorInfo, nac, shaped
 from ..registry import Ctx, register
-from ._util import channels_first, channels_last, same_shape
+from ._util import channels_first, channels_last, channels_last_rule, same_shape
 from .nn import conv, gemm, global_pool, matmul_dims, pool
 
 NCHWC = "com.microsoft.nchwc"
@@ -60,6 +60,12 @@ def nhwc_conv(ctx: Ctx) -> list:
     if y.dims is None:
         return [y]
     return [TensorInfo(channels_last(y.dims), y.dtype, None, y.reason)]
+
+
+@register("NhwcMaxPool", "ISDOS", "pool", domain=MICROSOFT)
+def nhwc_max_pool(ctx: Ctx) -> list:
+    """MaxPool over ``[N, H, W, C]`` (onnxruntime's NHWC rewrite of quantised graphs)."""
+    return channels_last_rule(ctx, pool)
 
 
 @register("FusedMatMul TransposeMatMul", "ISDOS", "matmul", domain=MICROSOFT)

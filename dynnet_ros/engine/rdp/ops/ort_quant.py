@@ -11,9 +11,10 @@ from dataclasses import replace
 
 from onnx import TensorProto
 
+from ..expr import mul
 from ..lattice import TensorInfo, nac, shaped
 from ..registry import Ctx, register
-from ._util import broadcast_shapes, channels_first, channels_last, same_shape
+from ._util import broadcast_shapes, channels_last_rule, norm_axis, same_shape
 from .nn import conv, gemm, matmul_dims, pool, rnn, same_as_x
 from .shape_ops import concat
 
@@ -36,6 +37,33 @@ def quant_matmul(ctx: Ctx) -> list:
     if a is None or a.dims is None or b is None or b.dims is None:
         return [nac("input rank unknown", dtype)]
     return [shaped(matmul_dims(ctx, a.dims, b.dims), dtype)]
+
+
+@register("MatMulBnb4", "ISDOS", "quantization", domain=MICROSOFT)
+def matmul_bnb4(ctx: Ctx) -> list:
+    """A ``[..., K]`` times the packed 4-bit (FP4/NF4) ``[K, N]`` weight (K, N attributes)."""
+    a = ctx.inp(0)
+    dtype = a.dtype if a is not None else 0
+    if a is None or a.dims is None or not a.dims:
+        return [nac("input rank unknown", dtype)]
+    ctx.constrain(a.dims[-1], ctx.attr("K"), "MatMulBnb4 A's last dim is K")
+    return [shaped(tuple(a.dims[:-1]) + (ctx.attr("N"),), dtype)]
+
+
+@register("GatherBlockQuantized", "ISDOS", "quantization", domain=MICROSOFT)
+def gather_block_quantized(ctx: Ctx) -> list:
+    """Gather from block-quantised data; uint8 data packs ``8/bits`` values per byte along its
+    last axis, so the gathered rows are that much wider. The output has the scales' type."""
+    data, idx = ctx.inp(0), ctx.inp(1)
+    dtype = _dtype(ctx, 2, TensorProto.FLOAT)
+    if data is None or data.dims is None or not data.dims or idx is None or idx.dims is None:
+        return [nac("input rank unknown", dtype)]
+    dims = list(data.dims)
+    bits = ctx.attr("bits", 4)
+    if data.dtype == TensorProto.UINT8 and bits < 8:
+        dims[-1] = mul(dims[-1], 8 // bits)
+    axis = norm_axis(ctx.attr("gather_axis", 0), len(dims))
+    return [shaped(dims[:axis] + list(idx.dims) + dims[axis + 1:], dtype)]
 
 
 @register("QGemm", "ISDOS", "quantization", domain=MICROSOFT)
@@ -68,27 +96,14 @@ def qlinear_unary(ctx: Ctx) -> list:
     return [same_shape(ctx)]
 
 
-def _channels_last(ctx: Ctx, rule, x_index: int = 0) -> list:
-    """``rule`` on an NCHW view of an NHWC input 0, its output back in NHWC."""
-    x = ctx.inp(x_index)
-    if not ctx.attr("channels_last", 0):
-        return rule(ctx)
-    if x is None or x.dims is None or len(x.dims) < 3:
-        return [nac("input rank unknown", x.dtype if x else 0)]
-    ins = list(ctx.inputs)
-    ins[x_index] = TensorInfo(channels_first(x.dims), x.dtype, None, x.reason)
-    return [t if t.dims is None else TensorInfo(channels_last(t.dims), t.dtype, None, t.reason)
-            for t in rule(replace(ctx, inputs=ins))]
-
-
 @register("QLinearConv", "ISDOS", "quantization", domain=MICROSOFT)
 def qlinear_conv(ctx: Ctx) -> list:
-    return _channels_last(ctx, conv)
+    return channels_last_rule(ctx, conv) if ctx.attr("channels_last", 0) else conv(ctx)
 
 
 @register("QLinearAveragePool", "ISDOS", "quantization", domain=MICROSOFT)
 def qlinear_average_pool(ctx: Ctx) -> list:
-    return _channels_last(ctx, lambda c: pool(c)[:1])
+    return channels_last_rule(ctx, pool) if ctx.attr("channels_last", 0) else pool(ctx)
 
 
 @register("QLinearGlobalAveragePool", "ISDOS", "quantization", domain=MICROSOFT)
