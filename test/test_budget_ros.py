@@ -315,9 +315,15 @@ def test_impossible_budget_is_rejected_with_reason(graph):
     depth = AsyncParameterClient(probe.node, DEPTH)
     assert depth.wait_for_services(STEP_S)
     impossible = max(0.5, nodes[DEPTH]["min_mb"] / 4)
+    # a budget set by hand is refused while the manager owns the node's budget ...
     result = probe.call(depth.set_parameters([Parameter("memory_budget_mb", Parameter.Type.DOUBLE, impossible)]))
     assert not result.results[0].successful
-    assert result.results[0].reason, "rejection carries no reason"
+    assert f"assigned by the budget manager {MANAGER}" in result.results[0].reason, result.results[0].reason
+    # ... and one pushed as the manager pushes it, below the model's minimum, by the engine
+    result = probe.call(depth.set_parameters([Parameter("memory_budget_mb", Parameter.Type.DOUBLE, impossible),
+                                              Parameter("budget_owner", Parameter.Type.STRING, MANAGER)]))
+    assert not result.results[0].successful
+    assert result.results[0].reason and "assigned by" not in result.results[0].reason, result.results[0].reason
     # the node keeps its previous budget and keeps publishing
     got = probe.call(depth.get_parameters(["memory_budget_mb"]))
     assert got.values[0].double_value != pytest.approx(impossible)

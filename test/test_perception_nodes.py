@@ -22,7 +22,7 @@ import yaml
 from _corpus import by_name, photos, resize
 from _waiting import wait_for
 from diagnostic_msgs.msg import DiagnosticArray
-from rclpy.parameter import Parameter
+from rclpy.parameter import Parameter, parameter_value_to_python
 from rclpy.parameter_client import AsyncParameterClient
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 from rclpy.time import Time
@@ -37,6 +37,7 @@ from dynnet_ros.nodes.convert import array_to_image
 from dynnet_ros.nodes.diagnostics import status_values
 from dynnet_ros.perception import Detector
 from dynnet_ros.sim.scene import camera_matrix
+from dynnet_ros.zoo import ensure_model
 
 ROOT = Path(__file__).resolve().parents[1]
 NS = f"/perctest_{os.getpid()}"
@@ -116,6 +117,20 @@ class Client:
         result = future.result().result
         return result.successful, result.reason
 
+    def set_request(self, **values) -> list[tuple[bool, str]]:
+        """One request on the node's ``set_parameters`` service (not the atomic one): each
+        parameter's result."""
+        assert self.params.wait_for_services(timeout_sec=30.0)
+        future = self.params.set_parameters([Parameter(k, value=v) for k, v in values.items()])
+        wait_for(future.done, 300, f"set_parameters {sorted(values)}")
+        return [(result.successful, result.reason) for result in future.result().results]
+
+    def get(self, *names: str) -> list:
+        assert self.params.wait_for_services(timeout_sec=30.0)
+        future = self.params.get_parameters(list(names))
+        wait_for(future.done, 60, f"get_parameters {list(names)}")
+        return [parameter_value_to_python(value) for value in future.result().values]
+
     def status_since(self, t0: float, key: str, value) -> dict:
         return self.status_where(t0, lambda s: s.get(key) == value, f"{key}={value!r}")
 
@@ -186,6 +201,28 @@ def test_model_path_switches_from_the_zoo_format_to_a_real_yolov8_export(node):
     assert ok, reason
     status = client.status_since(t1, "model_format", "yolov8")
     assert "4 box" in status["model_format_reason"] and status["model_path"] == str(YOLO.path())
+
+
+def test_a_set_parameters_request_is_applied_all_at_once_or_not_at_all(node):
+    """One `set_parameters` request with a new model and classes it does not have: neither is
+    applied, both answers carry the reason; a switch needing `model_format` too names it."""
+    client: Client = node["client"]
+    zoo = str(ensure_model("pedestrian"))
+    results = client.set_request(model_path=zoo, classes=["FACE_FEMALE"])
+    assert [ok for ok, _ in results] == [False, False], results
+    assert results[0][1] == results[1][1] and "FACE_FEMALE" in results[0][1], results
+    assert client.get("model_path", "classes") == [str(YOLO.path()), [""]]
+
+    ok, reason = client.set(model_format="yolov8")
+    assert ok, reason
+    try:
+        [(ok, reason)] = client.set_request(model_path=zoo)
+        assert not ok and "model_format 'yolov8' does not fit" in reason, reason
+        assert "set model_format in the same set_parameters call as model_path" in reason, reason
+        assert client.get("model_path") == [str(YOLO.path())]
+    finally:
+        ok, reason = client.set(model_format="auto")
+        assert ok, reason
 
 
 def test_a_real_photo_at_two_resolutions_gives_detections_in_source_pixels(node):
@@ -279,9 +316,26 @@ def test_under_the_budget_manager_the_detections_stay_the_unbudgeted_ones(node):
             want_boxes, want_labels = reference(fixed, rgb)
             assert labels == want_labels and len(labels)
             np.testing.assert_allclose(boxes, want_boxes, atol=0.05)
+
+        # the manager owns the budget: a hand-set one is refused, naming where to set it
+        assigned, owner = client.get("memory_budget_mb", "budget_owner")
+        assert owner == f"{NS}/budget_manager" and 0 < assigned <= pool + 1e-6
+        ok, reason = client.set(memory_budget_mb=2000.0)
+        assert not ok and f"assigned by the budget manager {NS}/budget_manager" in reason, reason
+        assert "node_max_mb" in reason and "'pedestrian_node'" in reason, reason
+        results = client.set_request(memory_budget_mb=2000.0)
+        assert [ok for ok, _ in results] == [False], results
+        assert client.get("memory_budget_mb")[0] != 2000.0
     finally:
         stop_process_group(manager)
         log.close()
+    # with the manager gone, a budget set by hand holds
+    wait_for(lambda: "budget_manager" not in client.ros.node.get_node_names(), 60, "the manager leaving the graph")
+    ok, reason = client.set(memory_budget_mb=2000.0)
+    assert ok, reason
+    t1 = time.monotonic()
+    client.status_since(t1, "memory_budget_mb", 2000.0)
+    assert client.get("memory_budget_mb") == [2000.0]
 
 
 def test_a_real_detector_under_a_quarter_weight_budget_gives_the_unbudgeted_detections():

@@ -327,8 +327,9 @@ def test_bad_model_path_is_rejected_and_the_old_model_keeps_serving(graph, tmp_p
     # a valid path switches models without stopping the node
     lane = str(ensure_model("lane"))
     # atomically with an unlimited budget: the budget manager's current push may be below what a
-    # freshly loaded model accepts, which would (rightly) reject the switch
-    result = obs.set_params_atomically("lane_node", model_path=lane, memory_budget_mb=0.0)
+    # freshly loaded model accepts, which would (rightly) reject the switch; the budget belongs to
+    # the manager, so the override says so (budget_owner '')
+    result = obs.set_params_atomically("lane_node", model_path=lane, memory_budget_mb=0.0, budget_owner="")
     assert result.successful, result.reason
     t0 = time.monotonic()
     output_after(obs, "/lane/mask", time.time())
@@ -511,12 +512,13 @@ def test_sigint_to_dynnet_up_leaves_no_child_alive(graph):
 
 def test_dynnet_up_fails_when_a_node_dies(tmp_path):
     config = tmp_path / "broken.yaml"
+    # a model, so the preflight passes it, but no segmenter: the lane node exits with status 1 at its start
     config.write_text(yaml.safe_dump({"nodes": [{"name": "lane_node", "executable": "lane_node", "respawn": False,
-                                                 "parameters": {"model_path": str(tmp_path / "nope.onnx")}}]}))
+                                                 "parameters": {"model_path": str(ensure_model("depth"))}}]}))
     out = subprocess.run([sys.executable, "-m", "dynnet_ros.cli", "up", "--config", str(config), "--duration", "60"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 1, out.stdout + out.stderr
-    assert "model file not found" in out.stdout
+    assert "no segmentation format fits" in out.stdout
     assert "lane_node exited with status 1; respawn is off, left down" in out.stderr
 
 

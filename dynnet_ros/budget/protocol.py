@@ -18,6 +18,9 @@ BUDGETS_TOPIC = "dynnet/budgets"
 #: a launcher's supervisor -> the budget manager: a node died (and whether memory killed it)
 NODE_EVENTS_TOPIC = "dynnet/node_events"
 BUDGET_PARAM = "memory_budget_mb"
+#: a model node's parameter naming the budget manager that assigns its BUDGET_PARAM: the manager
+#: sets both in one atomic call, and a hand-set budget is refused while that manager runs
+OWNER_PARAM = "budget_owner"
 PROTOCOL_VERSION = 1
 
 

@@ -43,7 +43,7 @@ from typing import Any, Callable
 import yaml
 
 from dynnet_ros.budget.oom import MemorySignals, oom_evidence, process_cgroup, read_signals
-from dynnet_ros.budget.protocol import BUDGET_PARAM, NodeEvent
+from dynnet_ros.budget.protocol import BUDGET_PARAM, OWNER_PARAM, NodeEvent
 from dynnet_ros.commands import CommandError
 from dynnet_ros.commands.arguments import bag_output, existing_dir, ros_namespace, tcp_port
 from dynnet_ros.commands.size_classes import prepare_graph_models
@@ -242,7 +242,7 @@ class GraphRunner:
         if (node, name) in self.own_changes:
             self.own_changes.discard((node, name))
             return
-        if name != BUDGET_PARAM:  # the budget manager's pushes are logged on its side
+        if name not in (BUDGET_PARAM, OWNER_PARAM):  # the budget manager's pushes are logged on its side
             short = next((n.name for n in self.nodes if fq_node_name(n) == node), node)
             self._report("INFO", f"{short} {name} = {value!r} set at run time; kept for its restarts")
 

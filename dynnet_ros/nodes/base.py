@@ -15,11 +15,15 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import rclpy
-from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, ParameterType
+from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, ParameterType, SetParametersResult
+from rcl_interfaces.srv import SetParameters
 from rclpy.callback_groups import CallbackGroup
 from rclpy.clock import Clock, ClockType
+from rclpy.exceptions import ParameterNotDeclaredException
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.node import Node
+from rclpy.parameter import Parameter
+from rclpy.parameter_service import ParameterService
 from rclpy.qos import QoSPolicyKind
 from rclpy.qos_overriding_options import QoSOverridingOptions
 from rclpy.signals import SignalHandlerOptions
@@ -117,6 +121,30 @@ def _has_ros_type(value: Any, type_key: Any) -> bool:
         return isinstance(value, str)
     item = float if type_key == "double_array" else str
     return isinstance(value, (list, tuple)) and all(isinstance(v, item) and not isinstance(v, bool) for v in value)
+
+
+class AtomicParameterService(ParameterService):
+    """rclpy's parameter services, except that one ``set_parameters`` request is applied all at once.
+
+    ROS 2's ``set_parameters`` sets a request's parameters one by one, each judged alone: a model
+    switch sent as ``model_path`` + ``classes`` could apply ``classes`` and refuse ``model_path``
+    (the old classes do not fit the new model), leaving a mix nobody asked for. Here the node's
+    on-set callback sees the whole request (as with ``set_parameters_atomically``), and every
+    parameter of it gets the same result: all applied, or none with the reason. A node built
+    with ``start_parameter_services=False`` creates this instead of rclpy's."""
+
+    def _set_parameters_callback(self, request: SetParameters.Request,
+                                 response: SetParameters.Response) -> SetParameters.Response:
+        parameters = [Parameter.from_parameter_msg(p) for p in request.parameters]
+        if not parameters:
+            return response
+        try:
+            result = self._get_node().set_parameters_atomically(parameters)
+        except ParameterNotDeclaredException as exc:
+            result = SetParametersResult(successful=False, reason=str(exc))
+        response.results = [SetParametersResult(successful=result.successful, reason=result.reason)
+                            for _ in parameters]
+        return response
 
 
 def declare(node: Node, specs: Iterable[ParamSpec]) -> dict[str, Any]:

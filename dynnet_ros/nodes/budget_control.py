@@ -25,6 +25,7 @@ from dynnet_ros.budget.protocol import (
     BUDGET_PARAM,
     BUDGETS_TOPIC,
     NODE_EVENTS_TOPIC,
+    OWNER_PARAM,
     PROFILES_TOPIC,
     ModelProfile,
     NodeEvent,
@@ -142,6 +143,7 @@ class BudgetController:
         self.planner = BudgetPlanner(config_from_params(self.params, node.get_namespace()))
         self.source = source or MemorySource(self.params["memory_root"])
         self._clients: dict[str, AsyncParameterClient] = {}
+        self._ownerless: set[str] = set()  # nodes that declare no OWNER_PARAM: their budget alone is pushed
         self._logged_push: dict[str, tuple[float | None, float]] = {}  # last change logged at INFO
         self._logged_starved: tuple[str, ...] = ()
         self.last: Evaluation | None = None
@@ -261,16 +263,27 @@ class BudgetController:
         else:
             self.node.get_logger().info(text)
             self._logged_push[name] = (old, mb)
-        future = client.set_parameters([Parameter(BUDGET_PARAM, Parameter.Type.DOUBLE, float(mb))])
+        # the budget with this manager's name as its owner, in one atomic call: the node then
+        # refuses a hand-set budget while this manager runs (nodes/model_node.py)
+        push: list[Parameter] = [Parameter(BUDGET_PARAM, Parameter.Type.DOUBLE, float(mb))]
+        if name not in self._ownerless:
+            push.append(Parameter(OWNER_PARAM, Parameter.Type.STRING, self.node.get_fully_qualified_name()))
+        future = client.set_parameters_atomically(push)
         future.add_done_callback(functools.partial(self._on_push_done, name, mb))
 
     def _on_push_done(self, name: str, mb: float, future) -> None:
         now = self._now()
         try:
-            result = future.result().results[0]
+            result = future.result().result
         except Exception as exc:  # noqa: BLE001 — service vanished mid-call: retry next evaluation
             self.planner.push_dropped(name)
             self.node.get_logger().warn(f"budget push to {name} failed: {exc}")
+            return
+        if not result.successful and "undeclared parameter" in result.reason and name not in self._ownerless:
+            # a node of its own kind without OWNER_PARAM (rclpy's reason does not name it): the
+            # budget alone from now on
+            self._ownerless.add(name)
+            self.planner.push_dropped(name)
             return
         if not result.successful:
             self.node.get_logger().warn(f"{name} rejected memory_budget_mb={mb:.1f}: {result.reason}; "

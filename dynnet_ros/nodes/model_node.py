@@ -38,14 +38,14 @@ from rclpy.qos import QoSHistoryPolicy, QoSProfile, qos_profile_sensor_data
 from sensor_msgs.msg import CameraInfo, Image
 from std_msgs.msg import String
 
-from dynnet_ros.budget.protocol import BUDGETS_TOPIC, size_key, unit_budget
+from dynnet_ros.budget.protocol import BUDGET_PARAM, BUDGETS_TOPIC, OWNER_PARAM, size_key, unit_budget
 from dynnet_ros.engine import Engine
 from dynnet_ros.engine.backends import available_backends
 from dynnet_ros.engine.memtrim import release_memory
 from dynnet_ros.engine.procmem import process_memory
 from dynnet_ros.mapper.runtime import StageExecutor
 from dynnet_ros.nodes import diagnostics as diag
-from dynnet_ros.nodes.base import SENSOR_QOS_OVERRIDES, ParamSpec, declare, steady_timer
+from dynnet_ros.nodes.base import SENSOR_QOS_OVERRIDES, AtomicParameterService, ParamSpec, declare, steady_timer
 from dynnet_ros.nodes.budget_profile import ProfilePublisher, memory_now, prewarm_runtime
 from dynnet_ros.nodes.convert import image_to_rgb8
 from dynnet_ros.nodes.frame_memory import FrameBytes, frame_bytes
@@ -74,6 +74,9 @@ from dynnet_ros.zoo import ensure_model
 #: parameters whose change builds a new core (loaded beside the old one, which serves until then);
 #: each node adds its own (``ModelNode.core_params``)
 ENGINE_PARAMS = ("model_path", "model_format", "backend", "threads", "max_input_side")
+#: parameters that describe the model loaded (its export format, its class names): a model switch
+#: may need them changed in the same request
+MODEL_BOUND_PARAMS = ("model_format", "classes", "labels_file", "output_name")
 #: parameters whose change re-computes the minimums the node announces per input size class
 ANNOUNCE_PARAMS = ("camera_sizes", "max_input_side")
 # Outputs: reliable (so RViz / `ros2 topic echo` defaults receive them, and best-effort
@@ -188,8 +191,13 @@ def common_specs(task: str) -> list[ParamSpec]:
         ParamSpec("backend", "cpu", "Engine backend (see Engine); 'tensorrt' is rejected where unavailable.",
                   check=_backend_check),
         ParamSpec("threads", 0, "Inference threads for the engine (0 = onnxruntime default).", low=0, high=256),
-        ParamSpec("memory_budget_mb", 0.0, "Memory budget for this model in MiB (0 = unlimited); passed to "
-                  "Engine.set_memory_budget.", low=0.0, high=1.0e6),
+        ParamSpec(BUDGET_PARAM, 0.0, "Memory budget for this model in MiB (0 = unlimited); passed to "
+                  "Engine.set_memory_budget. Assigned by the budget manager named in budget_owner while it "
+                  "runs (a value set by hand is then refused with the reason; docs/budget.md).",
+                  low=0.0, high=1.0e6),
+        ParamSpec(OWNER_PARAM, "", "The budget manager (fully qualified node name) that assigns memory_budget_mb; "
+                  "'' = nobody, the value set by hand or in the parameter file holds. Written by the manager "
+                  "together with each budget it pushes, not on its own."),
         ParamSpec("enabled", True, "Process frames; false stops inference and output (diagnostics continue)."),
         ParamSpec("max_rate_hz", 0.0, "Run the model on at most this many frames per second (0 = on every "
                   "frame the worker can take). Frames arriving within a period wait in the one-frame mailbox, "
@@ -232,7 +240,9 @@ class ModelNode(Node, ABC):
     output_const_bytes = 64 * 1024
 
     def __init__(self, node_name: str, task_specs: list[ParamSpec]) -> None:
-        super().__init__(node_name)
+        super().__init__(node_name, start_parameter_services=False)
+        # one set_parameters request (model_path + classes, say) is applied all at once or not at all
+        self._parameter_service = AtomicParameterService(self)
         self._specs = {s.name: s for s in common_specs(self.task) + task_specs}
         self.params: dict[str, Any] = declare(self, self._specs.values())
         self.create_outputs()
@@ -515,6 +525,10 @@ class ModelNode(Node, ABC):
                 if reason:
                     return SetParametersResult(successful=False, reason=reason)
             updates[param.name] = value
+        refusal = self._budget_refusal(updates)
+        if refusal is not None:
+            return SetParametersResult(successful=False, reason=refusal)
+        previous_owner, previous_budget = self.params[OWNER_PARAM], self.params[BUDGET_PARAM]
         merged = {**self.params, **updates}
         new_core = None
         new_mapped: StageExecutor | None = None
@@ -542,10 +556,11 @@ class ModelNode(Node, ABC):
         except ValueError as exc:
             if new_core is not None:
                 new_core.close()
-            self._rejected = f"rejected {', '.join(sorted(updates))}: {exc}"
+            reason = f"{exc}{self._kept_hint(str(exc), merged, updates)}"
+            self._rejected = f"rejected {', '.join(sorted(updates))}: {reason}"
             self.get_logger().error(self._rejected)
             self.publish_diagnostics()
-            return SetParametersResult(successful=False, reason=str(exc))
+            return SetParametersResult(successful=False, reason=reason)
         old = None
         old_mapped = None
         with self._engine_lock:
@@ -568,7 +583,52 @@ class ModelNode(Node, ABC):
             self._log_core(new_core, "switched to")
         if new_core is not None or changed & set(ANNOUNCE_PARAMS):
             self._announce_sizes(self.core, merged)
+        if merged[OWNER_PARAM] and merged[OWNER_PARAM] != previous_owner:
+            hand = f"; the {previous_budget:g} MB set by hand no longer applies" if previous_budget else ""
+            self.get_logger().info(f"{BUDGET_PARAM} is assigned by the budget manager {merged[OWNER_PARAM]} "
+                                   f"from now on ({merged[BUDGET_PARAM]:g} MB){hand}")
         return SetParametersResult(successful=True)
+
+    def _budget_refusal(self, updates: dict[str, Any]) -> str | None:
+        """Why a change of ``memory_budget_mb``/``budget_owner`` is refused, or None.
+
+        A budget manager pushes a budget with its own name as ``budget_owner`` (one atomic call).
+        While the manager named there runs, the budget is its to assign: a value set by hand would
+        hold only until its next push, so it is refused, naming where the node's share is set. A
+        request that names ``budget_owner`` itself is a push (or a deliberate override, with '').
+        Once that manager has stopped, a hand-set value holds again."""
+        if OWNER_PARAM in updates and BUDGET_PARAM not in updates:
+            return (f"{OWNER_PARAM} is written by the budget manager together with each {BUDGET_PARAM} it "
+                    f"assigns; set {BUDGET_PARAM} (with {OWNER_PARAM} '') to set the budget by hand")
+        if BUDGET_PARAM not in updates or OWNER_PARAM in updates:
+            return None   # not a budget change, or a push
+        owner = self.params[OWNER_PARAM]
+        if not owner or not self._running(owner):
+            return None
+        return (f"{BUDGET_PARAM} is assigned by the budget manager {owner} ({OWNER_PARAM}); set this node's "
+                f"share there: node_max_mb (a cap) or node_min_mb for '{self.get_name()}' in its node_names, or "
+                f"its total_budget_mb; or run it with allocate false and set {BUDGET_PARAM} here")
+
+    def _running(self, fq_name: str) -> bool:
+        """A node of that fully qualified name is in the ROS graph."""
+        return any(f"{namespace.rstrip('/')}/{name}" == fq_name
+                   for name, namespace in self.get_node_names_and_namespaces())
+
+    def _kept_hint(self, reason: str, merged: dict[str, Any], updates: dict[str, Any]) -> str:
+        """For a refused model switch: the parameters bound to the previous model that the
+        refusal is about and the request left as they were (``model_format`` naming the old
+        model's format, its ``classes``, ...), and how to change them with it; else ''."""
+        if "model_path" not in updates:
+            return ""
+        kept = [name for name in MODEL_BOUND_PARAMS if name in self._specs and name not in updates
+                and merged[name] != self._specs[name].default
+                and (name in reason or (name == "classes" and "class" in reason))]
+        if not kept:
+            return ""
+        values = ", ".join(f"{name} {merged[name]!r}" for name in kept)
+        fix = " and ".join(kept)
+        return (f" ({values} kept from the previous model: set {fix} in the same set_parameters call as "
+                f"model_path{', e.g. model_format auto' if 'model_format' in kept else ''})")
 
     def validate_task_params(self, merged: dict[str, Any], updates: dict[str, Any]) -> None:
         """Cross-parameter checks of subclasses; raise ValueError with the reason."""
@@ -773,6 +833,7 @@ class ModelNode(Node, ABC):
             "last_rejected_change": self._rejected or "",
             "backend": self.params["backend"],
             "memory_budget_mb": self.params["memory_budget_mb"],
+            "budget_owner": self.params[OWNER_PARAM],
             "enabled": self.params["enabled"],
             "last_error": self._last_error or "",
         }
