@@ -272,6 +272,16 @@ def packed_weight_model() -> onnx.ModelProto:
                   [("bnb_out", F), ("pooled", U8)], inits)
 
 
+def fused_matmul_batch_model() -> onnx.ModelProto:
+    """FusedMatMul with its batch-axis transposes, as onnxruntime folds Transpose into MatMul."""
+    nodes = [_n("FusedMatMul", ["a", "b"], ["ab"], transBatchA=1),
+             _n("FusedMatMul", ["a", "bt"], ["abt"], transBatchA=1, transBatchB=1, transB=1),
+             _n("FusedMatMul", ["at", "b"], ["atb"], transBatchA=1, transA=1)]
+    inputs = [("a", F, ["M", "B", "H", 8]), ("b", F, ["B", "H", 8, "N"]), ("bt", F, ["N", "B", "H", 8]),
+              ("at", F, [8, "B", "H", "M"])]
+    return _model(nodes, inputs, [("ab", F), ("abt", F), ("atb", F)], [])
+
+
 def _ints(high: int):
     return lambda shape, rng: rng.integers(0, high, shape)
 
@@ -304,6 +314,9 @@ CASES = {
         {"q": (1, 1, 16), "k": (1, 1, 8), "v": (1, 1, 8), "cache": (1, 1, 16, 8)},
         {"q": (1, 2, 16), "k": (1, 2, 8), "v": (1, 2, 8), "cache": (1, 1, 8, 8)},
         {"q": (3, 1, 16), "k": (3, 1, 8), "v": (3, 1, 8), "cache": (3, 1, 5, 8)}], {}),
+    "fused-matmul-batch": (fused_matmul_batch_model, [
+        {"a": (3, 2, 4, 8), "b": (2, 4, 8, 5), "bt": (5, 2, 4, 8), "at": (8, 2, 4, 3)},
+        {"a": (1, 1, 2, 8), "b": (1, 2, 8, 7), "bt": (7, 1, 2, 8), "at": (8, 1, 2, 1)}], {}),
     "packed-weights": (packed_weight_model, [{"ids": (1, 5), "img8": (1, 9, 12, 3)},
                                              {"ids": (3, 2), "img8": (3, 4, 7, 3)}], {"ids": _ints(10)}),
     "embed-layer-norm": (embed_model, [{"ids": (1, 5), "segs": (1, 5), "mask": (1, 5)},

@@ -71,19 +71,20 @@ def nhwc_max_pool(ctx: Ctx) -> list:
 @register("FusedMatMul TransposeMatMul", "ISDOS", "matmul", domain=MICROSOFT)
 def fused_matmul(ctx: Ctx) -> list:
     """MatMul with A and/or B transposed in their last two axes (``transA``/``transB``), scaled by
-    ``alpha``; onnxruntime writes it for MatMul after Transpose. The batch-axis transposes
-    (``transBatchA/B``) move batch axes, and their shape is left unknown."""
+    ``alpha``; onnxruntime writes it for MatMul after Transpose. ``transBatchA``/``transBatchB``
+    first move an operand's leading axis behind its batch axes (``[d0, d1.., dk, n]`` read as
+    ``[d1.., dk, d0, n]``), then ``transA``/``transB`` swap the last two."""
     a, b = ctx.inp(0), ctx.inp(1)
     dtype = a.dtype if a is not None else 0
     if a is None or a.dims is None or b is None or b.dims is None:
         return [nac("input rank unknown", dtype)]
-    if ctx.attr("transBatchA", 0) or ctx.attr("transBatchB", 0):
-        return [nac("FusedMatMul with transposed batch axes", dtype)]
 
-    def last_two_swapped(dims: tuple, flag: str) -> tuple:
+    def operand(dims: tuple, batch_flag: str, flag: str) -> tuple:
+        if ctx.attr(batch_flag, 0) and len(dims) >= 3:
+            dims = tuple(dims[1:-1]) + (dims[0], dims[-1])
         return dims[:-2] + (dims[-1], dims[-2]) if ctx.attr(flag, 0) and len(dims) >= 2 else dims
-    return [shaped(matmul_dims(ctx, last_two_swapped(tuple(a.dims), "transA"),
-                               last_two_swapped(tuple(b.dims), "transB")), dtype)]
+    return [shaped(matmul_dims(ctx, operand(tuple(a.dims), "transBatchA", "transA"),
+                               operand(tuple(b.dims), "transBatchB", "transB")), dtype)]
 
 
 @register("Gelu FastGelu BiasGelu QuickGelu", "ISDOS", "elementwise", domain=MICROSOFT)
