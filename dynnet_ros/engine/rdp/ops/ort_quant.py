@@ -39,14 +39,15 @@ def quant_matmul(ctx: Ctx) -> list:
     return [shaped(matmul_dims(ctx, a.dims, b.dims), dtype)]
 
 
-@register("MatMulBnb4", "ISDOS", "quantization", domain=MICROSOFT)
-def matmul_bnb4(ctx: Ctx) -> list:
-    """A ``[..., K]`` times the packed 4-bit (FP4/NF4) ``[K, N]`` weight (K, N attributes)."""
+@register("MatMulNBits MatMulBnb4", "ISDOS", "quantization", domain=MICROSOFT)
+def matmul_packed_weight(ctx: Ctx) -> list:
+    """A ``[..., K]`` times a block-quantised ``[K, N]`` weight (N-bit integers, or bitsandbytes'
+    FP4/NF4) packed into bytes, its logical shape in the K and N attributes: ``[..., N]``."""
     a = ctx.inp(0)
     dtype = a.dtype if a is not None else 0
     if a is None or a.dims is None or not a.dims:
         return [nac("input rank unknown", dtype)]
-    ctx.constrain(a.dims[-1], ctx.attr("K"), "MatMulBnb4 A's last dim is K")
+    ctx.constrain(a.dims[-1], ctx.attr("K"), f"{ctx.node.op_type} A's last dim is K")
     return [shaped(tuple(a.dims[:-1]) + (ctx.attr("N"),), dtype)]
 
 

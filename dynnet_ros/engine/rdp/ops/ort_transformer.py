@@ -1,8 +1,7 @@
 """onnxruntime's transformer contrib operators (domain ``com.microsoft``) that its transformer
 optimiser (``onnxruntime.transformers.optimizer``), its quantiser and the model builders write:
-fused attention, skip/embed layer normalisation, GELU variants, rotary embedding and 4-bit
-MatMul. Shapes follow onnxruntime's CPU kernels (checked against them in
-test/test_rdp_contrib.py).
+fused attention, skip/embed layer normalisation, GELU variants and rotary embedding. Shapes
+follow onnxruntime's CPU kernels (checked against them in test/test_rdp_contrib.py).
 
 Attention caches are ``[batch, heads, total_sequence, head_size]`` (``present_key``/``_value``)
 or both stacked ahead of the batch (``present`` of Attention/QAttention); the total sequence is
@@ -199,15 +198,3 @@ def bias_split_gelu(ctx: Ctx) -> list:
 @register("RotaryEmbedding", "ISDOS", "normalization", domain=MICROSOFT)
 def rotary_embedding(ctx: Ctx) -> list:
     return [same_shape(ctx)]
-
-
-@register("MatMulNBits", "ISDOS", "matmul", domain=MICROSOFT)
-def matmul_nbits(ctx: Ctx) -> list:
-    """A ``[..., K]`` times the block-quantised ``[K, N]`` weight (K, N attributes): ``[..., N]``."""
-    a = ctx.inp(0)
-    dtype = a.dtype if a is not None else 0
-    if a is None or a.dims is None or not a.dims:
-        return [nac("input rank unknown", dtype)]
-    ctx.constrain(a.dims[-1], ctx.attr("K"), "MatMulNBits A's last dim is K")
-    return [shaped(tuple(a.dims[:-1]) + (ctx.attr("N"),), dtype)]
-
