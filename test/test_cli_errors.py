@@ -107,6 +107,14 @@ CASES: dict[str, list[tuple[list[str], str]]] = {
         ([A_FILE], "not JSON"),
         ([BAD_UNIT], "not JSON"),
     ],
+    "dynnet map exits": [
+        ([TINY], "--frames"),
+        ([TINY, "--frames", A_DIR], "--out"),
+        ([TINY, "--frames", A_DIR, "--out", "x.onnx"], "one-channel maps only"),
+        ([TINY, "--frames", A_DIR, "--out", "x.onnx", "--task", "classifier"], "not [N, K] class scores"),
+        ([TINY, "--frames", A_DIR, "--out", "x.onnx", "--held-out", "2"], "argument --held-out"),
+        (["zoo:nope", "--frames", A_DIR, "--out", "x.onnx"], "unknown zoo model"),
+    ],
     "dynnet map stages": [
         ([TINY, "--out", A_FILE], "not a directory"),
         ([TINY, "--out", "o", "--partition", "missing.yaml"], "no such file"),

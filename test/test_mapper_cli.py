@@ -56,5 +56,6 @@ def test_map_run_says_no_exit_where_an_exit_has_no_confidence(tmp_path, capsys):
                      "--json", str(tmp_path / "r.json")]) == 0
     out = capsys.readouterr().out
     assert "no exit" in out and "inf" not in out
-    rows = json.loads((tmp_path / "r.json").read_text())["frames"]
-    assert all(row["confidence"] is None for row in rows)
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert all(row["confidence"] is None for row in result["frames"])
+    assert "one stage is faster" in result["summary"]["advice"]     # the cut has no exit that can answer

@@ -15,6 +15,7 @@ from rich.table import Table
 from dynnet_ros.commands import CommandError, _map_arguments, arguments
 from dynnet_ros.commands.map_inputs import npz_feeds, scene_feeds
 from dynnet_ros.engine.model_io import load_model
+from dynnet_ros.mapper.advice import never_early
 from dynnet_ros.mapper.build import build_stages
 from dynnet_ros.mapper.mapping import check_stage_count, load_mapping
 from dynnet_ros.mapper.runtime import StageExecutor
@@ -100,6 +101,11 @@ def run(args: argparse.Namespace) -> int:
                "busy_fraction": details["busy_fraction"], "units": details["units"]}
     console.print(f"mean {summary['mean_ms']:.1f} ms, p95 {summary['p95_ms']:.1f} ms; exits "
                   f"{summary['exit_histogram']}; busy {summary['busy_fraction']}")
+    advice = never_early(stage_set, {int(k): v for k, v in details["exit_histogram"].items()},
+                         list(details["thresholds"]))
+    if advice:
+        summary["advice"] = advice
+        console.print(f"[yellow]{advice}[/yellow]")
     if args.json:
         args.json.write_text(json.dumps({"summary": summary, "frames": rows, "mapping": mapping.to_json()}, indent=1))
     return 0

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -14,6 +15,7 @@ from dynnet_ros.commands import CommandError, arguments
 from dynnet_ros.commands._search_inputs import cached_profile, frames, model_stages
 from dynnet_ros.engine.backends.trt_cache import model_sha256
 from dynnet_ros.engine.rdp import analyze
+from dynnet_ros.mapper.advice import no_early_exit, one_stage_guard
 from dynnet_ros.mapper.calibration import Observation, contention_matters, fit_runtime_costs, relative_errors
 from dynnet_ros.mapper.choices import (
     Constraints,
@@ -22,6 +24,7 @@ from dynnet_ros.mapper.choices import (
     covering_set,
     write_choices,
 )
+from dynnet_ros.mapper.exit_heads import agrees, model_task
 from dynnet_ros.mapper.hardware import load_hardware
 from dynnet_ros.mapper.model_search import (
     WidthSpace,
@@ -84,6 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory-mb", action="append", default=[], metavar="UNIT=MB",
                         help="memory a unit may hold for this model's stages (e.g. the budget manager's share; "
                              "repeatable; default: the hardware file's memory_mb)")
+    parser.add_argument("--allow-slower-than-one-stage", action="store_true",
+                        help="keep the rule's pick even when it is predicted slower than every stage on the fastest "
+                             "single unit (by default the search then picks that single unit: stages do not pay)")
     parser.add_argument("--json", type=arguments.output_file, default=None, metavar="OUT")
     parser.add_argument("--png", type=arguments.output_file, default=None, metavar="FILE")
     parser.add_argument("--mapping", type=arguments.output_file, default=None, metavar="FILE.yaml",
@@ -115,11 +121,15 @@ def run(args: argparse.Namespace) -> int:
         size = f"{args.size[0]}x{args.size[1]}"
         calibration_frames = frames(model, args.size, args.frames, npz=args.calibration)
         console.print(f"{len(stage_set.stages)} stages; profiling at {size} (cached per model + hardware) …")
+        if args.width is None and no_early_exit(stage_set):
+            console.print(f"[yellow]{no_early_exit(stage_set)}[/yellow]")
         profile, cache, hit, skipped, notes = cached_profile(path, stage_set, hardware, calibration_frames[:1],
                                                              [size], args.repeats, not args.no_layers)
         for line in skipped + notes:
             console.print(line)
-        calibration = calibrate(stage_set, calibration_frames)
+        learned = model_task(model)        # learned exits (`map exits`) say how their answers agree
+        calibration = calibrate(stage_set, calibration_frames,
+                                agree=None if learned is None else functools.partial(agrees, learned))
         surrogate = fit_surrogate(profile, hardware, seed=args.seed)
         costs = stage_costs(stage_set, profile, hardware, size, calibration,
                             stage_feeds(stage_set, calibration_frames[0]), surrogate)
@@ -145,6 +155,14 @@ def run(args: argparse.Namespace) -> int:
         result = run_search(space, generations=args.generations, population=args.population, seed=args.seed,
                             on_generation=lambda gen: bar.update(task, completed=gen))
     chosen = pick(result, args.prefer, args.max_accuracy_drop, base_accuracy)
+    if isinstance(space, (StageSpace, WidthSpace)):
+        guarded, advice = one_stage_guard(chosen, list(result.pareto) if isinstance(space, StageSpace) else extra,
+                                          base_accuracy, args.max_accuracy_drop)
+        if advice:
+            report["advice"] = advice
+            console.print(f"[yellow]{advice}[/yellow]")
+            if not args.allow_slower_than_one_stage:
+                chosen = guarded
     if isinstance(space, StageSpace):
         extra.append(space.static(chosen))
         kept, cache = _keep_choices(path, hardware, size, base_accuracy, memory, args, result, chosen,
@@ -152,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         report["search_cache"] = str(cache)
         console.print(f"kept {kept} candidates for `mapping: auto` in {cache}")
     elif isinstance(space, WidthSpace):
-        stage_set = built[chosen.partition or ""]
+        stage_set = built[chosen.partition] if chosen.partition else depth_set
     report.update(pick=dict(chosen.to_json(), rule=f"prefer {args.prefer}, accuracy drop <= {args.max_accuracy_drop}"),
                   pareto=[c.to_json() for c in result.pareto],
                   baselines=[c.to_json() for c in list(result.baselines) + extra],
@@ -209,7 +227,7 @@ def _keep_choices(path: str, hardware, size: str, base_accuracy: float, memory: 
                   args: argparse.Namespace, result, chosen, runtime_costs: dict) -> tuple[int, Path]:
     """Cache the candidates a later pick under another budget may need (``mapper.choices``)."""
     model_bytes = Path(path).read_bytes()
-    rule = Constraints(memory, args.deadline_ms, args.prefer, args.max_accuracy_drop)
+    rule = Constraints(memory, args.deadline_ms, args.prefer, args.max_accuracy_drop, args.allow_slower_than_one_stage)
     choices = SearchChoices(model_sha256(model_bytes), hardware.name, size, base_accuracy, rule,
                             tuple(covering_set(result.everything)), chosen, runtime_costs)
     cache = cache_file(settings().cache.map_dir, model_bytes, hardware)

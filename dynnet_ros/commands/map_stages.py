@@ -11,6 +11,7 @@ from rich.table import Table
 from dynnet_ros.commands import _map_arguments, arguments
 from dynnet_ros.commands.map_inputs import scene_feeds
 from dynnet_ros.engine.model_io import load_model
+from dynnet_ros.mapper.advice import no_early_exit
 from dynnet_ros.mapper.build import build_stages
 from dynnet_ros.mapper.partition import Partition, load_partition
 from dynnet_ros.units import MB
@@ -59,6 +60,10 @@ def run(args: argparse.Namespace) -> int:
     if agreement:
         console.print(f"argmax agreement with the full model over {agreement['frames']} scenes, per exit: "
                       + ", ".join(f"{v:.0%}" for v in agreement["argmax_agreement"]))
+    advice = no_early_exit(stage_set)
+    if advice:
+        summary["advice"] = advice
+        console.print(f"[yellow]{advice}[/yellow]")
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))
     onnx_files = sorted(Path(args.out).glob("stage_*.onnx"))

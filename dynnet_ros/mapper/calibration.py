@@ -50,7 +50,7 @@ class PartInfo:
 def part_info(stage_set: StageSet, feeds: Mapping[str, np.ndarray]) -> PartInfo:
     """The stages' parts and, from one frame run through them in order, the bytes each part's
     outputs hand to other stages."""
-    parts = tuple(tuple(stage_parts(stage)) for stage in stage_set.stages)
+    parts = tuple(tuple(stage_parts(stage, stage_set.kind)) for stage in stage_set.stages)
     values: dict[str, np.ndarray] = dict(feeds)
     produced_by: dict[str, tuple[int, int]] = {}
     for k, stage_parts_ in enumerate(parts):

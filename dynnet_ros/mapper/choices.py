@@ -26,6 +26,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from pymoo.util.nds.non_dominated_sorting import NonDominatedSorting
 
+from .advice import one_stage_guard
 from .cache_files import read_json, write_json_atomic
 from .hardware import Hardware
 from .search import PREFER, Candidate, choose, pareto_front
@@ -42,6 +43,8 @@ class Constraints:
     deadline_ms: float | None = None
     prefer: str = "balanced"
     max_accuracy_drop: float = 0.01
+    #: keep the rule's choice even where one stage on the fastest unit is faster (``advice.one_stage_guard``)
+    allow_slower_than_one_stage: bool = False
 
     def __post_init__(self) -> None:
         if self.prefer not in PREFER:
@@ -86,7 +89,8 @@ class SearchChoices:
         return {"version": CACHE_VERSION, "model_digest": self.model_digest, "hardware": self.hardware,
                 "size": self.size, "base_accuracy": self.base_accuracy,
                 "rule": {"prefer": self.rule.prefer, "max_accuracy_drop": self.rule.max_accuracy_drop,
-                         "deadline_ms": self.rule.deadline_ms, "memory_mb": dict(self.rule.unit_memory_mb)},
+                         "deadline_ms": self.rule.deadline_ms, "memory_mb": dict(self.rule.unit_memory_mb),
+                         "allow_slower_than_one_stage": self.rule.allow_slower_than_one_stage},
                 "pick": None if self.pick is None else self.pick.to_json(),
                 **({} if self.runtime_costs is None else {"runtime_costs": dict(self.runtime_costs)}),
                 "candidates": [c.to_json() for c in self.candidates]}
@@ -99,7 +103,8 @@ class SearchChoices:
         try:
             rule = data["rule"]
             constraints = Constraints(dict(rule["memory_mb"]), rule["deadline_ms"], rule["prefer"],
-                                      float(rule["max_accuracy_drop"]))
+                                      float(rule["max_accuracy_drop"]),
+                                      bool(rule.get("allow_slower_than_one_stage", False)))
             candidates = tuple(Candidate.from_json(c) for c in data["candidates"])
             chosen = None if data.get("pick") is None else Candidate.from_json(data["pick"])
             costs = data.get("runtime_costs")
@@ -162,7 +167,10 @@ def pick_within(choices: SearchChoices, constraints: Constraints) -> Pick:
         why = "; ".join(f"{n} over {what}" for what, n in sorted(excluded.items()))
         raise ValueError(f"none of the {len(choices.candidates)} cached candidates meets {constraints.describe()} "
                          f"({why})")
-    chosen = choose(pareto_front(fitting), constraints.prefer, constraints.max_accuracy_drop, choices.base_accuracy)
+    front = pareto_front(fitting)
+    chosen = choose(front, constraints.prefer, constraints.max_accuracy_drop, choices.base_accuracy)
+    if not constraints.allow_slower_than_one_stage:
+        chosen = one_stage_guard(chosen, front, choices.base_accuracy, constraints.max_accuracy_drop)[0]
     return Pick(chosen, constraints, len(choices.candidates), excluded)
 
 

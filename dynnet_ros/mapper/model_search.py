@@ -41,15 +41,18 @@ class Calibration:
 
 
 def calibrate(stage_set: StageSet, frames: Sequence[Mapping[str, np.ndarray]],
-              labels: Sequence[int] | None = None) -> Calibration:
+              labels: Sequence[int] | None = None,
+              agree: Callable[[np.ndarray, np.ndarray], bool] | None = None) -> Calibration:
     """Run every stage on every frame (in order, onnxruntime) and record each exit's confidence
-    and whether its argmax matches the final exit's (or the label)."""
+    and whether its argmax matches the final exit's (or the label); with ``agree`` (an exit's
+    answer, the final output -> whether it stands for it: learned exits' own rule), that instead."""
     if not frames:
         raise ValueError("no calibration frames")
     sessions = [ort.InferenceSession(s.model.SerializeToString(), providers=["CPUExecutionProvider"])
                 for s in stage_set.stages]
-    confidence, answers = [], []
+    confidence, answers, agreed = [], [], []
     handed = [0] * len(stage_set.stages)
+    final = stage_set.final_outputs[0]
     for feeds in frames:
         values: dict[str, np.ndarray] = dict(feeds)
         row_conf, row_answer = [], []
@@ -61,6 +64,10 @@ def calibrate(stage_set: StageSet, frames: Sequence[Mapping[str, np.ndarray]],
             handed[k] = max(handed[k], sum(values[n].nbytes for n in stage.outputs if n not in stage.exit.tensors))
         confidence.append(row_conf)
         answers.append(row_answer)
+        if agree is not None:
+            agreed.append([agree(values[stage.exit.outputs[0]], values[final]) for stage in stage_set.stages])
+    if agree is not None:
+        return Calibration(ExitTable(np.array(confidence, dtype=float), np.array(agreed, dtype=bool)), tuple(handed))
     answer = np.array(answers)
     reference = answer[:, -1] if labels is None else np.asarray(labels)
     if len(reference) != len(answer):

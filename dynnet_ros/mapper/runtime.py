@@ -167,7 +167,8 @@ class StageExecutor:
                 unit = self.hardware.unit(assignment.unit)
                 plan = self.plans.get(unit.name) or plan_unit(unit, dla_units=dla_units, trt_reason=reason)
                 self.plans[unit.name] = plan
-                self._runners.append([(part, open_stage(part.model, plan)) for part in stage_parts(stage)])
+                self._runners.append([(part, open_stage(part.model, plan))
+                                      for part in stage_parts(stage, stage_set.kind)])
             for unit_name, plan in self.plans.items():
                 self._workers[unit_name] = _UnitWorker(plan, self._run_task)
         except BaseException:

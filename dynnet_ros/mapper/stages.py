@@ -299,14 +299,23 @@ class Part:
     outputs: tuple[str, ...]
 
 
-def stage_parts(stage: Stage) -> list[Part]:
-    """``stage`` cut before each layer that first reads an earlier stage's tensor."""
-    cross = {name for name, src in stage.sources.items() if src >= 0}
+def stage_parts(stage: Stage, kind: str = "width") -> list[Part]:
+    """``stage`` cut before each layer that first reads an earlier stage's tensor; in a depth-wise
+    set (``kind``), before each layer that first reads a tensor of an earlier stage it has not
+    read yet: one stage's tensors arrive together, so a later cut would gain no overlap, only a
+    dispatch. ``Constant`` nodes go into every part that reads them, never across a cut: a
+    constant handed on as a part's input would keep onnxruntime from folding it (a BatchNorm's
+    scale into its Conv), which changes the rounding, and a depth-wise set must reproduce the
+    model bit for bit."""
+    cross = {name: src for name, src in stage.sources.items() if src >= 0}
     graph = stage.model.graph
+    constants = {node.output[0]: node for node in graph.node if node.op_type == "Constant" and len(node.output) == 1}
+    body = [node for node in graph.node if node.output[:1] == [] or node.output[0] not in constants]
     part_of: list[int] = []
-    admitted: set[str] = set()
-    for node in graph.node:
-        new = (set(node_reads(node)) & cross) - admitted
+    admitted: set[str | int] = set()
+    for node in body:
+        reads = set(node_reads(node)) & set(cross)
+        new = ({cross[name] for name in reads} if kind == "depth" else reads) - admitted
         admitted |= new
         part_of.append(part_of[-1] + (1 if new else 0) if part_of else 0)
     count = part_of[-1] + 1 if part_of else 1
@@ -317,21 +326,23 @@ def stage_parts(stage: Stage) -> list[Part]:
     initializers = {i.name for i in graph.initializer}
     declared_in = {v.name: v for v in graph.input}
     declared_out = {v.name: v for v in graph.output}
-    produced_in = [{out for node, p in zip(graph.node, part_of) if p == k for out in node.output} for k in range(count)]
-    reads_in = [[name for node, p in zip(graph.node, part_of) if p == k for name in node_reads(node)]
+    produced_in = [{out for node, p in zip(body, part_of) if p == k for out in node.output} for k in range(count)]
+    reads_in = [[name for node, p in zip(body, part_of) if p == k for name in node_reads(node)]
                 for k in range(count)]
     parts = []
     for k in range(count):
         ins = []
         for name in dict.fromkeys(reads_in[k]):
-            if name in produced_in[k] or name in initializers:
+            if name in produced_in[k] or name in initializers or name in constants:
                 continue
             ins.append(declared_in[name] if name in declared_in
                        else proven_value_info(name, rdp, dims, f"stage {stage.index} part {k}"))
         later = {name for j in range(k + 1, count) for name in reads_in[j]}
         outs = [declared_out[name] if name in declared_out else proven_value_info(name, rdp, dims, "part")
                 for name in sorted(produced_in[k] & (later | set(declared_out)))]
-        nodes = [node for node, p in zip(graph.node, part_of) if p == k]
+        read = set(reads_in[k])
+        nodes = [node for node in graph.node if node.output[:1] != [] and node.output[0] in constants
+                 and node.output[0] in read] + [node for node, p in zip(body, part_of) if p == k]
         model = sub_model(stage.model, f"{graph.name}_part{k}", nodes, ins, outs, {})
         parts.append(Part(model, tuple(v.name for v in ins), tuple(v.name for v in outs)))
     return parts
