@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from dynnet_ros.commands.bench import make_feeds
 from dynnet_ros.engine import Engine
-from dynnet_ros.engine.backends import load_for_backend
+from dynnet_ros.engine.backends.registry import load_for_backend
 from dynnet_ros.engine.model_io import input_specs, load_model
 from dynnet_ros.engine.ort_features import ort_features
 from dynnet_ros.engine.plan.control import IfRunner

@@ -13,7 +13,7 @@ from _corpus import pytest_params
 from onnx import TensorProto as T
 from onnx import helper as h
 
-from dynnet_ros.engine.backends import load_for_backend
+from dynnet_ros.engine.backends.registry import load_for_backend
 from dynnet_ros.engine.plan.graph import GraphIndex
 from dynnet_ros.engine.plan.layout import laid_out_skeleton
 from dynnet_ros.engine.plan.ort_types import ort_element_types

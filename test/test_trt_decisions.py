@@ -18,8 +18,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from dynnet_ros.engine import Engine
-from dynnet_ros.engine.backends import available_backends, create_executor
 from dynnet_ros.engine.backends.cpu import OrtExecutor
+from dynnet_ros.engine.backends.registry import available_backends, create_executor
 from dynnet_ros.engine.backends.trt_cache import EngineCache, EngineKey, model_sha256
 from dynnet_ros.engine.backends.trt_config import (
     MIN_WORKSPACE,

@@ -28,7 +28,7 @@ from typing import Any, Mapping, Protocol
 import numpy as np
 import onnxruntime as ort
 
-from dynnet_ros.engine import Engine
+from dynnet_ros.engine.engine import Engine
 from dynnet_ros.engine.memtrim import release_memory
 from dynnet_ros.engine.model_io import input_specs, load_model
 from dynnet_ros.engine.procmem import reset_peak_rss, status_bytes

@@ -1,4 +1,23 @@
-"""ONNX analysis, planning and execution. No ROS imports anywhere below this package."""
-from dynnet_ros.engine.engine import Engine
+"""ONNX analysis, planning and execution. No ROS imports anywhere below this package.
+
+``from dynnet_ros.engine import Engine`` is the public entry point. The facade is re-exported
+lazily (PEP 562): it sits above this package's lower layers (``swap``, ``budget`` and ``mapper``
+import ``engine.plan``/``engine.procmem`` through this ``__init__``), so importing it here would
+make every first import of a lower module run the whole engine and close an import cycle.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dynnet_ros.engine.engine import Engine
 
 __all__ = ["Engine"]
+
+
+def __getattr__(name: str) -> object:
+    if name == "Engine":
+        # lazy re-export: the facade imports swap/, which imports this package's lower layers
+        from dynnet_ros.engine.engine import Engine
+        return Engine
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

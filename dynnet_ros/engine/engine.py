@@ -15,9 +15,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from dynnet_ros.engine.backends import create_executor, load_for_backend
 from dynnet_ros.engine.backends.base import Executor, ExecutorStats, WindowStats
 from dynnet_ros.engine.backends.cpu import OrtExecutor
+from dynnet_ros.engine.backends.registry import create_executor, load_for_backend
 from dynnet_ros.engine.feeds import FeedCheck, plan_breach, shape_signature, validate_feeds
 from dynnet_ros.engine.model_io import InputSpec, ModelLike, default_specs, input_specs, output_names, weight_bytes
 from dynnet_ros.engine.plan.loader import source_path

@@ -39,8 +39,8 @@ from sensor_msgs.msg import CameraInfo, Image
 from std_msgs.msg import String
 
 from dynnet_ros.budget.protocol import BUDGET_PARAM, BUDGETS_TOPIC, OWNER_PARAM, size_key, unit_budget
-from dynnet_ros.engine import Engine
-from dynnet_ros.engine.backends import available_backends
+from dynnet_ros.engine.backends.registry import available_backends
+from dynnet_ros.engine.engine import Engine
 from dynnet_ros.engine.memtrim import release_memory
 from dynnet_ros.engine.procmem import process_memory
 from dynnet_ros.mapper.runtime import StageExecutor

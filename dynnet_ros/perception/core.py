@@ -11,7 +11,7 @@ from typing import Any, Callable, Generic, Mapping, Sequence
 
 import numpy as np
 
-from dynnet_ros.engine import Engine
+from dynnet_ros.engine.engine import Engine
 from dynnet_ros.perception.formats.base import F, choose
 from dynnet_ros.perception.labels import names_from_metadata, read_labels_file
 from dynnet_ros.perception.letterbox import Letterbox
