@@ -23,8 +23,9 @@ import onnx
 from dynnet_ros.commands.map_inputs import scene_feeds
 from dynnet_ros.mapper.hardware import load_hardware
 from dynnet_ros.mapper.model_search import calibrate
+from dynnet_ros.mapper.nsga import run_search
 from dynnet_ros.mapper.profiler import stage_feeds
-from dynnet_ros.mapper.search import NEVER, Candidate, StageSpace, pick, run_search
+from dynnet_ros.mapper.search import NEVER, Candidate, StageSpace, pick
 from dynnet_ros.mapper.simulate import simulated_costs
 from dynnet_ros.mapper.stages import depth_stages
 from dynnet_ros.zoo import ensure_model

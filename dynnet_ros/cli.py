@@ -1,7 +1,9 @@
 """The `dynnet` command: one sub-command per module in `dynnet_ros.commands`.
 
 Each command module defines ``NAME``, ``HELP``, ``add_arguments(parser)`` and
-``run(args) -> int``. Discovery keeps this file stable while commands are added.
+``run(args) -> int``; ``commands.SUMMARIES`` lists them with their help line. Only the command
+being run (or asked for ``--help``) is imported: ``dynnet --help`` loads no command, and
+``dynnet up`` does not load the engine, the mapper or the other commands.
 
 Errors take one path: argparse rejects what the argument types (``commands/arguments.py``)
 refuse, printing the sub-command's usage and one ``dynnet SUB: error: …`` line; what a command
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import pkgutil
 import sys
 from types import ModuleType
 
@@ -20,15 +21,9 @@ from dynnet_ros import commands
 from dynnet_ros.commands import CommandError
 
 
-def _command_modules() -> list[ModuleType]:
-    modules = []
-    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{commands.__name__}.{info.name}")
-        if hasattr(module, "NAME") and hasattr(module, "run"):
-            modules.append(module)
-    return modules
+def command_module(name: str) -> ModuleType:
+    """The module of sub-command ``name`` (one of ``commands.SUMMARIES``)."""
+    return importlib.import_module(f"{commands.__name__}.{name}")
 
 
 class SubcommandParser(argparse.ArgumentParser):
@@ -44,12 +39,19 @@ class SubcommandParser(argparse.ArgumentParser):
         return namespace, extras
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser. With ``argv``, only the command it names is imported and given its
+    arguments (the others are listed by their help line); without, every command is."""
     parser = argparse.ArgumentParser(
         prog="dynnet",
         description="Analyse, plan, benchmark and run dynamic-shape DNNs under a memory budget (dynnet_ros).")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=SubcommandParser)
-    for module in _command_modules():
+    chosen = argv[0] if argv else None
+    for name, summary in commands.SUMMARIES.items():
+        if argv is not None and name != chosen:
+            sub.add_parser(name, help=summary, description=summary)
+            continue
+        module = command_module(name)
         cmd = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
         module.add_arguments(cmd)
         cmd.set_defaults(_run=module.run)
@@ -78,7 +80,8 @@ def error_line(prog: str, exc: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the exit status (argparse's own: 0 after --help, 2 on bad input)."""
     try:
-        args = build_parser().parse_args(argv)
+        argv = sys.argv[1:] if argv is None else argv
+        args = build_parser(argv).parse_args(argv)
     except SystemExit as exc:  # argparse has printed the usage and the error line (or the help)
         return exc.code if isinstance(exc.code, int) else 2
     try:

@@ -10,6 +10,7 @@ import pytest
 
 from dynnet_ros.cli import main
 from dynnet_ros.mapper.hardware import load_hardware, parse_hardware
+from dynnet_ros.mapper.nsga import run_search
 from dynnet_ros.mapper.runtime_cache import (
     KeptCosts,
     costs_file,
@@ -18,7 +19,7 @@ from dynnet_ros.mapper.runtime_cache import (
     search_costs,
     write_costs,
 )
-from dynnet_ros.mapper.search import NEVER, ExitTable, StageCosts, StageSpace, pick, run_search
+from dynnet_ros.mapper.search import NEVER, ExitTable, StageCosts, StageSpace, pick
 from dynnet_ros.mapper.system_model import RuntimeCosts
 
 HW = parse_hardware({"name": "two-groups", "units": [

@@ -11,6 +11,7 @@ import pytest
 
 from dynnet_ros.mapper.choices import load_choices
 from dynnet_ros.mapper.hardware import load_hardware, parse_hardware
+from dynnet_ros.mapper.nsga import run_search
 from dynnet_ros.mapper.profile_io import parse_csv
 from dynnet_ros.mapper.search import (
     ChainSpace,
@@ -19,7 +20,6 @@ from dynnet_ros.mapper.search import (
     StageSpace,
     exit_table,
     pick,
-    run_search,
 )
 
 HW = parse_hardware({"name": "t", "units": [

@@ -9,8 +9,9 @@ import pytest
 from dynnet_ros.commands.map_inputs import scene_feeds
 from dynnet_ros.mapper.hardware import load_hardware, parse_hardware
 from dynnet_ros.mapper.model_search import calibrate
+from dynnet_ros.mapper.nsga import run_search
 from dynnet_ros.mapper.profiler import stage_feeds
-from dynnet_ros.mapper.search import StageSpace, pick, run_search
+from dynnet_ros.mapper.search import StageSpace, pick
 from dynnet_ros.mapper.simulate import LayerCost, layer_ms, simulated_costs, simulated_units, stage_cost
 from dynnet_ros.mapper.stages import depth_stages
 from dynnet_ros.zoo import ensure_model

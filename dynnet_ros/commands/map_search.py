@@ -36,12 +36,13 @@ from dynnet_ros.mapper.model_search import (
     stage_costs,
     to_mapping,
 )
+from dynnet_ros.mapper.nsga import run_search
 from dynnet_ros.mapper.partition import WidthSpec
 from dynnet_ros.mapper.plot import plot_pareto
 from dynnet_ros.mapper.profile_io import combine, read_profile
 from dynnet_ros.mapper.profiler import measure_stages, stage_feeds
 from dynnet_ros.mapper.runtime_cache import KeptCosts, costs_file, search_costs, write_costs
-from dynnet_ros.mapper.search import NEVER, PREFER, ChainSpace, StageSpace, pick, run_search
+from dynnet_ros.mapper.search import NEVER, PREFER, ChainSpace, StageSpace, pick
 from dynnet_ros.mapper.stages import StageSet
 from dynnet_ros.mapper.system_model import RuntimeCosts
 from dynnet_ros.mapper.width import width_stages

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-from pymoo.util.nds.non_dominated_sorting import NonDominatedSorting
 
 from .advice import one_stage_guard
 from .cache_files import read_json, write_json_atomic
@@ -141,6 +140,8 @@ def covering_set(candidates: Sequence[Candidate]) -> list[Candidate]:
     units = sorted({u for c in candidates for u, _ in c.memory_mb})
     f = np.array([(c.latency_ms, c.energy_mj, -c.accuracy, c.worst_latency_ms, *(c.memory_need(u) for u in units))
                   for c in candidates])
+    # pymoo: the mapper's search stack, loaded only where a node re-picks among its candidates
+    from pymoo.util.nds.non_dominated_sorting import NonDominatedSorting
     front = NonDominatedSorting().do(f, only_non_dominated_front=True)
     distinct: dict[tuple, Candidate] = {}
     for i in sorted(front):

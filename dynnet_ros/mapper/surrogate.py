@@ -14,13 +14,16 @@ measurement itself: the model only fills the gaps.
 from __future__ import annotations
 
 from dataclasses import astuple, dataclass, fields
-from typing import Mapping, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
-import xgboost as xgb
 
 from dynnet_ros.mapper.hardware import UNIT_KINDS, Hardware
 from dynnet_ros.mapper.profile_io import Measurement
+
+if TYPE_CHECKING:
+    import xgboost as xgb
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,13 @@ class Accuracy:
     samples: int
     r2: float
     mape: float           # mean absolute percentage error, fraction (0.1 = 10 %)
+
+
+def _xgboost() -> ModuleType:
+    """The xgboost module, imported where a cost model is fitted or queried."""
+    # xgboost (with the scikit-learn and SciPy it loads): the search stack, not a serving node's
+    import xgboost
+    return xgboost
 
 
 def samples_from_profile(measurements: Sequence[Measurement], hardware: Hardware) -> list[Sample]:
@@ -132,7 +142,9 @@ class Surrogate:
         # a small table trains on one thread: splitting a few rows across threads costs a
         # synchronisation per tree, which on a busy machine waits for a core
         threads = self._threads if len(x) >= PARALLEL_ROWS else 1
-        return xgb.train(dict(self._params, nthread=threads), xgb.DMatrix(x, label=y), num_boost_round=self._rounds)
+        xgboost = _xgboost()
+        return xgboost.train(dict(self._params, nthread=threads), xgboost.DMatrix(x, label=y),
+                             num_boost_round=self._rounds)
 
     def fit(self, samples: Sequence[Sample], holdout: float = 0.2) -> tuple[Accuracy, ...]:
         """Fit on ``samples``; held-out R² and MAPE of latency per unit (a random ``holdout``
@@ -155,7 +167,7 @@ class Surrogate:
         report = []
         if cut:
             model = self._train(x[train], latency[train])
-            predicted = np.exp(model.predict(xgb.DMatrix(x[test])))
+            predicted = np.exp(model.predict(_xgboost().DMatrix(x[test])))
             truth = np.exp(latency[test])
             units = np.array([samples[i].unit for i in test])
             for unit in dict.fromkeys(units.tolist()):
@@ -184,7 +196,7 @@ class Surrogate:
                 latency[i], energy[i] = hit
         if missing:
             x = np.array([self._row(*queries[i]) for i in missing], dtype=float)
-            matrix = xgb.DMatrix(x)
+            matrix = _xgboost().DMatrix(x)
             latency[missing] = np.exp(self._latency.predict(matrix))
             energy[missing] = np.exp(self._energy.predict(matrix))
         return latency, energy
