@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -66,6 +67,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("DYNNET_TRT_CACHE", "path", "`~/.cache/dynnet_ros/trt`", "TensorRT engine cache"),
     Variable("DYNNET_TRT_REBUILD", "bool", "`1`", "rebuild in the background when a shape misses every profile"),
     Variable("DYNNET_TRT_DEVICE", "int", "`0`", "CUDA device index"),
+    Variable("DYNNET_HOST_ID", "text", "host name + `/etc/machine-id`",
+             "the host this process runs on, as its nodes' memory profiles name it: a budget manager splits "
+             "only its own host's memory, among its own host's nodes"),
 )
 
 
@@ -105,6 +109,17 @@ class Settings:
     cache: CacheSettings
     planner: PlannerSettings
     tensorrt: TensorRTSettings
+    host_id: str   # this machine, as memory profiles name it (several computers share one ROS domain)
+
+
+def _machine_host_id(machine_id_file: Path = Path("/etc/machine-id")) -> str:
+    """``hostname/<machine-id prefix>``: readable, and distinct where two computers share a host
+    name (a fresh image's ``ubuntu``); the host name alone where there is no machine id."""
+    try:
+        machine = machine_id_file.read_text().strip()[:12]
+    except OSError:
+        machine = ""
+    return f"{socket.gethostname()}/{machine}" if machine else socket.gethostname()
 
 
 class _Reader:
@@ -188,6 +203,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             rebuild_on_miss=read.flag("DYNNET_TRT_REBUILD", True),
             device=read.integer("DYNNET_TRT_DEVICE", 0),
         ),
+        host_id=read.raw("DYNNET_HOST_ID") or _machine_host_id(),
     )
 
 

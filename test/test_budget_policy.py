@@ -264,6 +264,36 @@ def test_planner_drops_silent_nodes_and_adopts_restarted_budgets():
     assert ev.report.nodes["/a"].budget_mb == 77.0
 
 
+def test_planner_splits_only_its_own_hosts_memory_among_its_own_hosts_nodes():
+    """Two computers in one ROS domain: each manager budgets its own host's nodes only; the other
+    host's nodes neither get a share of this host's pool nor count as held here."""
+    planner = BudgetPlanner(ManagerConfig(pool=PoolConfig(reserve_mb=100), hysteresis=Hysteresis(0, 0, 0)),
+                            host="robot-a/1234")
+    assert planner.observe_profile(_profile("/lane_node", host="robot-a/1234"), 0.0)
+    assert not planner.observe_profile(_profile("/depth_node", host="robot-b/5678", held_mb=500.0), 0.0)
+    assert planner.observe_profile(_profile("/legacy_node"), 0.0)  # names no host: counted as local
+    assert planner.live_nodes(0.0) == ["/lane_node", "/legacy_node"]
+    assert planner.other_hosts == {"/depth_node": "robot-b/5678"}
+    assert planner.held_mb(0.0) == 120.0
+    ev = planner.evaluate(_reading(1000), 0.0)
+    assert set(ev.pushes) == {"/lane_node", "/legacy_node"}
+    assert set(ev.report.nodes) == {"/lane_node", "/legacy_node"}
+    # a node that moves to another host leaves this host's split
+    assert not planner.observe_profile(_profile("/lane_node", host="robot-b/5678"), 1.0)
+    assert planner.live_nodes(1.0) == ["/legacy_node"]
+    # a manager that names no host splits among every node, as before hosts were reported
+    anywhere = BudgetPlanner(ManagerConfig())
+    assert anywhere.observe_profile(_profile("/depth_node", host="robot-b/5678"), 0.0)
+
+
+def test_profile_carries_its_host():
+    prof = _profile("/lane_node", host="robot-a/1234")
+    assert ModelProfile.from_json(prof.to_json()).host == "robot-a/1234"
+    assert ModelProfile.from_json('{"node": "/a"}').host == ""
+    with pytest.raises(ValueError, match="host"):
+        ModelProfile.from_json('{"node": "/a", "host": 3}')
+
+
 def test_manager_config_validation():
     with pytest.raises(ValueError, match="rate_hz"):
         ManagerConfig(rate_hz=0)

@@ -36,6 +36,7 @@ from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.nodes.convert import array_to_image
 from dynnet_ros.nodes.diagnostics import status_values
 from dynnet_ros.perception import Detector
+from dynnet_ros.settings import settings
 from dynnet_ros.sim.scene import camera_matrix
 from dynnet_ros.zoo import ensure_model
 
@@ -296,6 +297,7 @@ def test_under_the_budget_manager_the_detections_stay_the_unbudgeted_ones(node):
             return next((p for p in reversed(client.profiles) if p.full_mb > p.min_mb > 0), None)
     client.status_since(0.0, "model_path", str(fixed))  # the fixed model serves (the test before)
     prof = wait_for(profile, 120, "a profile of the fixed model with its minimum and full need")
+    assert prof.host == settings().host_id  # the manager splits only its own host's memory
     pool = round((prof.min_mb + prof.full_mb) / 2, 1)
     params = node["tmp"] / "manager.yaml"
     params.write_text(yaml.safe_dump({"/**": {"ros__parameters": {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import re
+import socket
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,15 @@ import pytest
 from dynnet_ros import settings as settings_module
 from dynnet_ros.engine.backends.trt_config import PRECISIONS, TrtOptions
 from dynnet_ros.engine.plan.options import PROFILES
-from dynnet_ros.settings import PLAN_PROFILES, TRT_PRECISIONS, VARIABLES, load_settings, markdown_table, settings
+from dynnet_ros.settings import (
+    PLAN_PROFILES,
+    TRT_PRECISIONS,
+    VARIABLES,
+    _machine_host_id,
+    load_settings,
+    markdown_table,
+    settings,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "dynnet_ros"
@@ -60,6 +69,16 @@ def test_good_values_are_parsed_to_their_types(tmp_path):
     assert (trt.precision, trt.dla_core, trt.gpu_fallback, trt.shapes) == ("fp16", 1, False, "H=480,W=640")
     assert (trt.max_profiles, trt.budget_mb, trt.workspace_mb) == (6, 300.5, 64.0)
     assert (trt.cache_dir, trt.rebuild_on_miss, trt.device) == (tmp_path / "trt", False, 2)
+
+
+def test_host_id_is_this_machine_unless_set(tmp_path):
+    default = load_settings({}).host_id
+    assert default.split("/")[0] == socket.gethostname()
+    assert load_settings({"DYNNET_HOST_ID": " robot-b "}).host_id == "robot-b"
+    machine_id = tmp_path / "machine-id"
+    machine_id.write_text("0123456789abcdef0123456789abcdef\n")
+    assert _machine_host_id(machine_id) == f"{socket.gethostname()}/0123456789ab"
+    assert _machine_host_id(tmp_path / "absent") == socket.gethostname()
 
 
 @pytest.mark.parametrize("value", ["", "  ", "none", "-1"])

@@ -102,10 +102,18 @@ class Evaluation:
 
 
 class BudgetPlanner:
-    """Stateful planner: remembers profiles, budgets in force, pending pushes and learned floors."""
+    """Stateful planner: remembers profiles, budgets in force, pending pushes and learned floors.
 
-    def __init__(self, config: ManagerConfig) -> None:
+    ``host`` is the machine whose memory the planner splits (``settings().host_id``): a profile
+    from a node on another host (several computers in one ROS domain) is not this planner's to
+    budget, so it is set aside in ``other_hosts``; "" splits among every node that reports, and a
+    profile that names no host counts as local.
+    """
+
+    def __init__(self, config: ManagerConfig, host: str = "") -> None:
         self.config = config
+        self.host = host
+        self.other_hosts: dict[str, str] = {}   # node -> the host it reported from
         self._nodes: dict[str, _NodeState] = {}
         self._last_eval_s: float | None = None
         self._last_available: float | None = None
@@ -116,7 +124,14 @@ class BudgetPlanner:
         self.config = config
         self._dirty = "configuration changed"
 
-    def observe_profile(self, profile: ModelProfile, now_s: float) -> None:
+    def observe_profile(self, profile: ModelProfile, now_s: float) -> bool:
+        """Take ``profile`` in; False (and nothing kept) when its node runs on another host."""
+        if self.host and profile.host and profile.host != self.host:
+            self.other_hosts[profile.node] = profile.host
+            if self._nodes.pop(profile.node, None) is not None:
+                self._dirty = f"{profile.node} runs on host {profile.host}"
+            return False
+        self.other_hosts.pop(profile.node, None)
         state = self._nodes.setdefault(profile.node, _NodeState())
         if state.profile is None:
             self._dirty = f"new model node {profile.node}"
@@ -132,6 +147,7 @@ class BudgetPlanner:
             state.applied_mb, state.applied_s = profile.budget_mb, now_s
             self._dirty = f"{profile.node} reports budget {profile.budget_mb}"
         state.profile, state.seen_s = profile, now_s
+        return True
 
     def push_result(self, node: str, mb: float, accepted: bool, reason: str, now_s: float) -> None:
         """The node's parameter service answered a push (``reason`` is its rejection text)."""

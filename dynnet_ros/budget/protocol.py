@@ -83,6 +83,8 @@ class ModelProfile:
     #: compute units the node's mapped stages may run on (``mapping: auto``): it asks for a share
     #: of each such unit's memory the manager is configured with
     units: tuple[str, ...] = ()
+    #: the host the node runs on (``settings().host_id``); "" where the sender does not say
+    host: str = ""
     version: int = PROTOCOL_VERSION
 
     def to_json(self) -> str:
@@ -129,13 +131,16 @@ class ModelProfile:
         units = raw.get("units") or []
         if not isinstance(units, list) or not all(isinstance(u, str) and u.strip() for u in units):
             raise ValueError(f"profile field 'units' must be a list of unit names, got {units!r}")
+        host = raw.get("host", "")
+        if not isinstance(host, str):
+            raise ValueError(f"profile field 'host' must be a string, got {host!r}")
         return cls(node=node if node.startswith("/") else "/" + node,
                    min_mb=_opt_number(raw, "min_mb"), full_mb=_opt_number(raw, "full_mb"),
                    table=tuple(sorted(table)), rss_mb=_opt_number(raw, "rss_mb"),
                    held_mb=_opt_number(raw, "held_mb"), budget_mb=_opt_number(raw, "budget_mb"),
                    anon_held_mb=_opt_number(raw, "anon_held_mb"), size=size,
                    min_by_size={k: v for k, v in min_by_size.items() if v is not None}, measured=measured,
-                   units=tuple(u.strip() for u in units), version=version)
+                   units=tuple(u.strip() for u in units), host=host.strip(), version=version)
 
 
 @dataclass(frozen=True)

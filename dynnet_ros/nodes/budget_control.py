@@ -33,6 +33,7 @@ from dynnet_ros.budget.protocol import (
 from dynnet_ros.budget.sources import MemoryReading, MemorySource
 from dynnet_ros.nodes import diagnostics as diag
 from dynnet_ros.nodes.base import ParamSpec, declare, steady_timer
+from dynnet_ros.settings import settings
 
 
 def _positive_list(name: str):
@@ -140,7 +141,7 @@ class BudgetController:
         self._specs = {s.name: s for s in MANAGER_SPECS}
         self.params = declare(node, MANAGER_SPECS)
         # bad startup values raise here (run_node prints the reason and exits 1)
-        self.planner = BudgetPlanner(config_from_params(self.params, node.get_namespace()))
+        self.planner = BudgetPlanner(config_from_params(self.params, node.get_namespace()), settings().host_id)
         self.source = source or MemorySource(self.params["memory_root"])
         self._clients: dict[str, AsyncParameterClient] = {}
         self._ownerless: set[str] = set()  # nodes that declare no OWNER_PARAM: their budget alone is pushed
@@ -195,7 +196,10 @@ class BudgetController:
             self._last_profile_error = str(exc)
             self.node.get_logger().warn(f"ignoring model profile: {exc}", throttle_duration_sec=10.0)
             return
-        self.planner.observe_profile(profile, self._now())
+        if not self.planner.observe_profile(profile, self._now()):
+            self.node.get_logger().info(
+                f"not budgeting {profile.node}: it runs on host {profile.host!r}, this manager splits "
+                f"{self.planner.host!r}'s memory", throttle_duration_sec=60.0)
 
     def _on_node_event(self, msg: String) -> None:
         """A supervisor reports a node's death; an OOM kill caps that node before it returns."""
@@ -306,6 +310,8 @@ class BudgetController:
             "allocate": self.params["allocate"],
             "starved": ",".join(r.starved), "waiting_for_first_frame": ",".join(r.waiting),
             "oom_killed": ",".join(o.node for o in r.oom_kills),
+            "host": self.planner.host,
+            "other_host_nodes": ",".join(f"{n}@{h}" for n, h in sorted(self.planner.other_hosts.items())),
         }
         for oom in r.oom_kills:
             key = oom.node.lstrip("/")

@@ -21,6 +21,7 @@ from dynnet_ros.budget.protocol import PROFILES_TOPIC, ModelProfile
 from dynnet_ros.engine.memtrim import release_memory
 from dynnet_ros.engine.procmem import ProcessMemory, process_memory
 from dynnet_ros.nodes.base import steady_timer
+from dynnet_ros.settings import settings
 
 #: How long closing waits for a profile being published; within the shutdown watchdog's limit.
 CLOSE_WAIT_S = 0.5
@@ -143,7 +144,7 @@ class ProfilePublisher:
             profile = self.hold.update(profile, time.monotonic(), self._size(), announced)
             if announced is None:  # a budget now could miss the size classes about to be announced
                 profile = replace(profile, measured=False)
-            profile = replace(profile, units=tuple(self._units()))
+            profile = replace(profile, units=tuple(self._units()), host=settings().host_id)
             if not self._closed:
                 self._pub.publish(String(data=profile.to_json()))
         except Exception as exc:  # noqa: BLE001 — a profile is advisory; never take the node down
