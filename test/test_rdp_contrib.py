@@ -210,6 +210,22 @@ def gqa_static_cache_model() -> onnx.ModelProto:
                           ("cache", F, ["B", 1, "M", 8])], [("o", F), ("pk", F), ("pv", F)], inits)
 
 
+def decoder_step_model() -> onnx.ModelProto:
+    """DecoderMaskedMultiHeadAttention as whisper/T5 decoders use it: self-attention into a
+    preallocated cache of ``M`` positions (3 of them filled) and cross-attention over ``L``
+    encoder positions, both with their QK scores."""
+    inits = [_init("filled", np.array([3], np.int32))]
+    nodes = [_n("DecoderMaskedMultiHeadAttention", ["q", "k", "v", "", "", "cache_k", "cache_v", "filled"],
+                ["self_out", "present_k", "present_v", "self_qk"], num_heads=2, past_present_share_buffer=1,
+                output_qk=1),
+             _n("DecoderMaskedMultiHeadAttention", ["q", "enc_k", "enc_v"], ["cross_out", "", "", "cross_qk"],
+                num_heads=2, output_qk=1)]
+    inputs = [("q", F, ["B", 1, 16]), ("k", F, ["B", 1, 16]), ("v", F, ["B", 1, 16]),
+              ("cache_k", F, ["B", 2, "M", 8]), ("cache_v", F, ["B", 2, "M", 8]),
+              ("enc_k", F, ["B", 2, "L", 8]), ("enc_v", F, ["B", 2, "L", 8])]
+    return _model(nodes, inputs, [("self_out", F), ("self_qk", F), ("cross_out", F), ("cross_qk", F)], inits)
+
+
 def embed_model() -> onnx.ModelProto:
     """EmbedLayerNormalization (BERT's fused embeddings) and its quantised form."""
     r = np.random.default_rng(5)
@@ -319,6 +335,11 @@ CASES = {
         {"a": (1, 1, 2, 8), "b": (1, 2, 8, 7), "bt": (7, 1, 2, 8), "at": (8, 1, 2, 1)}], {}),
     "packed-weights": (packed_weight_model, [{"ids": (1, 5), "img8": (1, 9, 12, 3)},
                                              {"ids": (3, 2), "img8": (3, 4, 7, 3)}], {"ids": _ints(10)}),
+    "decoder-masked-mha": (decoder_step_model, [
+        {"q": (1, 1, 16), "k": (1, 1, 16), "v": (1, 1, 16), "cache_k": (1, 2, 10, 8), "cache_v": (1, 2, 10, 8),
+         "enc_k": (1, 2, 7, 8), "enc_v": (1, 2, 7, 8)},
+        {"q": (3, 1, 16), "k": (3, 1, 16), "v": (3, 1, 16), "cache_k": (3, 2, 4, 8), "cache_v": (3, 2, 4, 8),
+         "enc_k": (3, 2, 1, 8), "enc_v": (3, 2, 1, 8)}], {}),
     "embed-layer-norm": (embed_model, [{"ids": (1, 5), "segs": (1, 5), "mask": (1, 5)},
                                        {"ids": (3, 12), "segs": (3, 12), "mask": (3, 12)}],
                          {"ids": _ints(30), "segs": _ints(2), "mask": lambda shape, rng: np.ones(shape)}),

@@ -121,6 +121,36 @@ def multi_head_attention(ctx: Ctx) -> list:
     return outs[:ctx.n_out]
 
 
+@register("DecoderMaskedMultiHeadAttention", "ISDOS", "attention", domain=MICROSOFT,
+          note="self-attention QK scores: length = the value of past_sequence_length + 1")
+def decoder_masked_multi_head_attention(ctx: Ctx) -> list:
+    """One decoding step. Self-attention (key/value ``[B, 1, H]``) writes into the preallocated
+    cache ``past_key``/``past_value`` ``[B, heads, max_length, head]``, which present_key/value
+    keep; its QK scores cover the past plus this token. Cross-attention reads key/value already
+    split into heads, ``[B, heads, L, head]``, and scores ``L`` positions."""
+    query, key, value, past = ctx.inp(0), ctx.inp(1), ctx.inp(2), ctx.inp(5)
+    dtype = query.dtype if query is not None else 0
+    heads = ctx.attr("num_heads")
+    if query is None or query.dims is None or len(query.dims) != 3 or not heads:
+        return _unknown(ctx, "DecoderMaskedMultiHeadAttention query rank or heads unknown", dtype)
+    batch, seq, hidden = query.dims
+    k = key.dims if key is not None else None
+    v = value.dims if value is not None else None
+    scored: Dim
+    if k is not None and len(k) == 4:  # cross-attention
+        out_hidden = mul(heads, v[3]) if v is not None and len(v) == 4 else None
+        scored = k[2]
+    else:
+        out_hidden = v[2] if v is not None and len(v) == 3 else hidden
+        past_length = ctx.dim_values(7)
+        scored = add(past_length[0], 1) if past_length is not None and len(past_length) == 1 else None
+    cache = shaped(past.dims, dtype) if past is not None and past.dims is not None else nac("no past cache", dtype)
+    outs = [shaped((batch, seq, out_hidden), dtype), cache, cache,
+            shaped((batch, heads, seq, scored), dtype, None,
+                   None if scored is not None else "past_sequence_length value unknown")]
+    return outs[:ctx.n_out]
+
+
 @register("GroupQueryAttention", "ISDOS", "attention", domain=MICROSOFT,
           note="cache length = the value of total_sequence_length (nac where RDP does not know it)")
 def group_query_attention(ctx: Ctx) -> list:
