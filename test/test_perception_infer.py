@@ -117,23 +117,28 @@ def test_infer_takes_the_pedestrian_nodes_parameters_and_prints_a_line_per_image
     assert out[1].startswith("coffee.png 600x400: ") and "results.json" in out[2]
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["node"] == "pedestrian_node"
-    assert data["parameters"] == {spec.name: spec.default for spec in pedestrian_node.PARAMETERS}
+    assert data["parameters"] == {**{spec.name: spec.default for spec in pedestrian_node.PARAMETERS},
+                                  "model_path": model}
     assert data["score_threshold"] == 0.3 and "fit into 320x320" in data["preprocess"]   # the export's imgsz
 
     # a graph config's pedestrian_node parameters apply, the flags over them
     config = tmp_path / "vehicle.yaml"
     config.write_text(yaml.safe_dump({"nodes": [{"name": "pedestrian_node", "executable": "pedestrian_node",
-                                                 "parameters": {"max_input_side": 640, "score_threshold": 0.5}}]}))
+                                                 "parameters": {"max_input_side": 640, "score_threshold": 0.5,
+                                                                "model_path": ""}}]}))
     assert cli.main(["infer", model, images[0], "--out", str(tmp_path), "--config", str(config),
                      "--score-threshold", "0.6", "--param", "max_detections=3"]) == 0
     capsys.readouterr()
     data = json.loads((tmp_path / "results.json").read_text())
     assert (data["score_threshold"], data["max_detections"]) == (0.6, 3)
+    assert data["format"] == "yolov8" and data["parameters"]["model_path"] == model   # MODEL, not the config's
     assert "fit into 640x640" in data["preprocess"]
 
     one_error(capsys, ["infer", model, images[0], "--out", str(tmp_path), "--score-threshold", "2"],
               "--score-threshold: score_threshold must be in [0.0, 1.0], got 2.0")
     one_error(capsys, ["infer", model, images[0], "--out", str(tmp_path), "--param", "lane_threshold=0.4"],
               "--param lane_threshold: pedestrian_node declares no such parameter")
+    one_error(capsys, ["infer", model, images[0], "--out", str(tmp_path), "--param", "model_path=x.onnx"],
+              "the model is the MODEL argument")
     one_error(capsys, ["infer", model, images[0], "--out", str(tmp_path), "--output-name", "x"],
               "--output-name does not apply to detect")

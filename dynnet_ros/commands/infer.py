@@ -163,6 +163,8 @@ def node_parameters(task: str, args) -> dict[str, Any]:
                                f"parameter {name})")
         values[name] = (str(value) if isinstance(value, Path) else value, f"--{dest.replace('_', '-')}")
     for name, value in args.param:
+        if name == "model_path":
+            raise CommandError("--param model_path: the model is the MODEL argument")
         if name not in specs:
             raise CommandError(f"--param {name}: {node.executable} declares no such parameter "
                                f"(it has {', '.join(sorted(specs))})")
@@ -294,7 +296,7 @@ def run(args) -> int:
         task = infer_task(info, names, args.output_name, args.model_format or "auto")
     if task == "depth" and (args.classes is not None or args.labels_file is not None):
         raise CommandError("--classes and --labels-file apply to detect and segment, not depth")
-    params = node_parameters(task, args)
+    params = {**node_parameters(task, args), "model_path": model}   # MODEL, whatever --config names
     first = read_rgb(args.images[0])  # a wrong file is named before a model is built
     out_dir: Path = args.out
     out_dir.mkdir(parents=True, exist_ok=True)
