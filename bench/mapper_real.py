@@ -200,7 +200,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
+    started = time.perf_counter()
     results = [bench_model(name, args) for name in args.models.split(",")]
+    print(f"load average {load_before:.1f} -> {os.getloadavg()[0]:.1f}; {time.perf_counter() - started:.0f} s")
     print("| model | exit at (FLOPs before) | configuration | threshold | mean ms (p95) | x of (a) | early answers "
           "| agreement | mapper's advice |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -66,16 +66,16 @@ def _model(name: str) -> Path:
     return path
 
 
-def _learn(tmp_path: Path, name: str, frames: int = 8) -> tuple[Path, Path, dict]:
+def _learn(tmp_path: Path, name: str, frames: int = 8, size: str = "128x128") -> tuple[Path, Path, dict]:
     model = _model(name)
     out, report = tmp_path / "exits.onnx", tmp_path / "exits.json"
-    assert cli.main(["map", "exits", str(model), "--frames", str(_photo_dir(tmp_path, frames)), "--size", "128x128",
+    assert cli.main(["map", "exits", str(model), "--frames", str(_photo_dir(tmp_path, frames)), "--size", size,
                      "--out", str(out), "--json", str(report)]) == 0
     return model, out, json.loads(report.read_text())
 
 
-def _feeds(model: onnx.ModelProto, folder: Path) -> list[dict[str, np.ndarray]]:
-    inputs = exit_inputs(model_info(model), "auto", (128, 128), 0.25)
+def _feeds(model: onnx.ModelProto, folder: Path, size: tuple[int, int] = (128, 128)) -> list[dict[str, np.ndarray]]:
+    inputs = exit_inputs(model_info(model), "auto", size, 0.25)
     return [inputs.feed(frame) for frame in read_frames(folder)]
 
 
@@ -136,6 +136,20 @@ def test_map_exits_learns_a_no_box_exit_for_the_yolo_detector(tmp_path):
     for feed, (exit_index, out) in zip(feeds, _run_mapped(exits_path, feeds, 0.0)):
         ref = full.run([output], feed)[0]
         assert exit_index == 0 and out[output].shape == ref.shape and not out[output].any()   # no box
+
+
+def test_map_exits_learns_a_class_score_exit_for_the_direction_classifier(tmp_path):
+    model_path, exits_path, report = _learn(tmp_path, "ppocr-direction-classifier", size="64x192")
+    assert report["task"]["kind"] == "scores"
+    original = onnx.load(str(model_path))
+    feeds = _feeds(original, tmp_path / "frames", (64, 192))
+    full = ort.InferenceSession(original.SerializeToString(), providers=["CPUExecutionProvider"])
+    output = original.graph.output[0].name
+    for feed, (exit_index, out) in zip(feeds, _run_mapped(exits_path, feeds, 1.0)):
+        assert exit_index == 1 and np.array_equal(out[output], full.run([output], feed)[0])
+    for feed, (exit_index, out) in zip(feeds, _run_mapped(exits_path, feeds, 0.0)):
+        ref = full.run([output], feed)[0]             # the model's softmax scores: the exit gives them too
+        assert exit_index == 0 and out[output].shape == ref.shape and np.allclose(out[output].sum(axis=1), 1.0)
 
 
 def test_frames_come_from_a_recorded_bag(tmp_path):

@@ -56,6 +56,12 @@ MASK_PIXELS_PER_FRAME = 4096
 MASK_PIXEL_AGREEMENT = 0.99
 #: default range of a cut's share of the model's FLOPs for ``choose_points``
 EARLY_RANGE = (0.15, 0.6)
+#: onnxruntime fuses these producers with a following element-wise op or normalisation (FusedConv,
+#: NCHWc kernels with an activation or a sum, Gemm + activation); a cut between the two would run
+#: them apart and round differently, so no cut hands on such a tensor
+FUSING_PRODUCERS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "BatchNormalization"})
+FUSED_CONSUMERS = frozenset({"Relu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "LeakyRelu", "Tanh", "Elu",
+                             "Add", "Sum", "Mul", "Sub", "Div", "BatchNormalization", "PRelu", "Softplus"})
 
 
 @dataclass(frozen=True)
@@ -124,7 +130,8 @@ def agrees(task: ExitTask, answer: np.ndarray, final: np.ndarray) -> bool:
 # ------------------------------------------------------------------------------------ cut points
 def cut_points(model: onnx.ModelProto, rdp: AnalysisResult, feed: Mapping[str, np.ndarray]) -> list[CutPoint]:
     """Every float NCHW tensor a head could read where a depth-wise cut is legal (RDP proves the
-    shape of each tensor the cut hands on), in graph order, measured at ``feed``'s size."""
+    shape of each tensor the cut hands on) and keeps the model's rounding (no tensor handed on sits
+    between two ops onnxruntime fuses), in graph order, measured at ``feed``'s size."""
     graph = model.graph
     shapes = shapes_at(model, feed)
     producer = {out: i for i, node in enumerate(graph.node) for out in node.output}
@@ -158,7 +165,10 @@ def cut_points(model: onnx.ModelProto, rdp: AnalysisResult, feed: Mapping[str, n
             crossing = sorted({out for j in before for out in graph.node[j].output
                                if graph.node[j].op_type != "Constant"
                                and any(c not in before for c in consumers.get(out, []))})
-            if not crossing or not _proven(rdp, crossing):
+            if not crossing or not _proven(rdp, crossing) or any(
+                    graph.node[producer[c]].op_type in FUSING_PRODUCERS
+                    and any(graph.node[j].op_type in FUSED_CONSUMERS for j in consumers.get(c, []))
+                    for c in crossing):
                 continue
             cost = sum(flops[j] for j in before) / total
             size = sum(4 * int(np.prod(shapes.get(c, [0]))) for c in crossing)
