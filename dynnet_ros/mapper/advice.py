@@ -8,21 +8,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-from .stages import StageSet
-
-if TYPE_CHECKING:  # the search (pymoo) is imported only by the code that searches
+if TYPE_CHECKING:  # types only: a node's cached pick (choices.py) needs neither module loaded
     from .search import Candidate
+    from .stages import StageSet
 
 ONE_STAGE = ("one stage is faster: run the model unmapped (a node's `mapping` empty), or learn early exits "
              "with `dynnet map exits`")
 
 
-def early_exits(stage_set: StageSet) -> list[int]:
+def early_exits(stage_set: "StageSet") -> list[int]:
     """The stages before the last whose exit can answer (a criterion, an answer)."""
     return [s.index for s in stage_set.stages[:-1] if s.exit.answer != "none" and s.exit.criterion != "none"]
 
 
-def no_early_exit(stage_set: StageSet) -> str | None:
+def no_early_exit(stage_set: "StageSet") -> str | None:
     """Why ``stage_set``'s stages cannot pay, or None: a depth-wise set without an early exit
     computes what one stage does, plus a hand-off per cut."""
     if stage_set.kind != "depth" or len(stage_set.stages) < 2 or early_exits(stage_set):
@@ -32,7 +31,7 @@ def no_early_exit(stage_set: StageSet) -> str | None:
             f"hand-off(s); {ONE_STAGE}")
 
 
-def never_early(stage_set: StageSet, histogram: Mapping[int, int], thresholds: Sequence[float | None]) -> str | None:
+def never_early(stage_set: "StageSet", histogram: Mapping[int, int], thresholds: Sequence[float | None]) -> str | None:
     """Why the stages did not pay on the frames just run, or None: no frame answered early."""
     reason = no_early_exit(stage_set)
     if reason is not None or stage_set.kind != "depth" or len(stage_set.stages) < 2:
