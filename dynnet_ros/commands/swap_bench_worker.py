@@ -11,6 +11,13 @@ imports, onnxruntime's included, are part of the baseline, not of the model) and
                      with ``/proc/self/clear_refs``; memory still held from loading counts),
 * latency mean/p95, ``Cached`` growth in /proc/meminfo, and how much of the weight file
   sits in the page cache afterwards (mincore — immune to other processes' I/O).
+
+Mode ``sequence`` (``sequence_worker``) instead feeds a sequence of input shapes to one engine
+built with a budget at the first of them, as a node does, and reports per frame the peak (VmHWM
+− baseline, the mark reset before each frame), the latency, the engine's minimum at that shape
+and whether the frame ran within the budget, ran flagged over it, or was refused. A frame's peak
+includes what the process held when it began (``held_before_mb``): after a frame flagged over
+the budget, the next one starts from that state.
 """
 from __future__ import annotations
 
@@ -28,6 +35,7 @@ from typing import Any, Mapping, Protocol
 import numpy as np
 import onnxruntime as ort
 
+from dynnet_ros.engine.backends.base import BudgetExceeded
 from dynnet_ros.engine.engine import Engine
 from dynnet_ros.engine.memtrim import release_memory
 from dynnet_ros.engine.model_io import input_specs, load_model
@@ -98,9 +106,102 @@ def make_feeds(input_specs, height: int, width: int, seed: int = 0) -> dict[str,
     return feeds
 
 
+def feeds_at(input_specs, shapes: Mapping[str, tuple[int, ...]], seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs at exactly ``shapes`` (values in [0, 1)), zoo extras at sane values."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for spec in input_specs:
+        if spec.name in SPECIAL_INPUTS:
+            feeds[spec.name] = SPECIAL_INPUTS[spec.name].astype(spec.dtype)
+        else:
+            feeds[spec.name] = rng.random(tuple(shapes[spec.name]), dtype=np.float64).astype(spec.dtype)
+    return feeds
+
+
 # ---------------------------------------------------------------------------- worker
+def sequence_worker(config: dict) -> dict:
+    """One engine, built with ``budget_mb`` at the first shapes of ``sequence`` (``over_budget``
+    its policy), fed every shapes of the sequence in turn; per frame: peak RSS growth above the
+    baseline taken before the engine was built, latency, the minimum at those shapes and the
+    outcome ("within", "flagged" over the budget, "raised" BudgetExceeded)."""
+    specs = input_specs(load_model(config["model"], check=False))
+    sequence = [{name: tuple(shape) for name, shape in shapes.items()} for shapes in config["sequence"]]
+    feeds = [feeds_at(specs, shapes, seed=k) for k, shapes in enumerate(sequence)]
+    release_memory()
+    reset_peak_rss()
+    baseline = status_bytes("VmRSS")
+    budget = config["budget_mb"]
+    try:
+        engine = Engine(config["model"], threads=config.get("threads"), memory_budget_mb=budget,
+                        input_shapes=sequence[0], over_budget=config.get("over_budget", "run"))
+    except ValueError as exc:
+        return {"budget_mb": budget, "error": f"rejected: {exc}"}
+    frames = []
+    for shapes, feed in zip(sequence, feeds):
+        gc.collect()
+        reset_peak_rss()
+        held = status_bytes("VmRSS") - baseline  # what the frame starts from: the previous frame's state
+        start = time.perf_counter()
+        try:
+            outputs = engine.run(feed)
+        except BudgetExceeded as exc:
+            outcome, minimum = "raised", exc.minimum_mb
+        else:
+            del outputs  # a node drops a frame's outputs once it published them
+            over = engine.engine_stats().over_budget
+            outcome = "within" if over is None else "flagged"
+            minimum = engine.min_budget_mb()
+        ms = (time.perf_counter() - start) * 1e3
+        frames.append({"shapes": {name: list(shape) for name, shape in shapes.items()}, "outcome": outcome,
+                       "peak_mb": (status_bytes("VmHWM") - baseline) / MB, "held_before_mb": held / MB, "ms": ms,
+                       "minimum_mb": minimum})
+    engine.close()
+    return {"budget_mb": budget, "over_budget": config.get("over_budget", "run"), "frames": frames}
+
+
+def changes_worker(config: dict) -> dict:
+    """One engine at ``shapes`` (``swappable`` or plain, ``budget_mb`` from the constructor),
+    taken through the budgets ``changes`` (None: unlimited) between frames. Per state: the
+    peak of the change itself (VmHWM − baseline from just before ``set_memory_budget`` to the end
+    of the first frame after it) and the peak of ``iters`` frames after that."""
+    specs = input_specs(load_model(config["model"], check=False))
+    shapes = {name: tuple(shape) for name, shape in config["shapes"].items()}
+    feeds = feeds_at(specs, shapes)
+    release_memory()
+    reset_peak_rss()
+    baseline = status_bytes("VmRSS")
+    engine = Engine(config["model"], threads=config.get("threads"), memory_budget_mb=config.get("budget_mb"),
+                    swappable=config.get("swappable", False), input_shapes=shapes)
+
+    def frames() -> float:
+        for _ in range(config.get("iters", 3)):
+            engine.run(feeds)
+        return (status_bytes("VmHWM") - baseline) / MB
+
+    engine.run(feeds)
+    gc.collect()
+    reset_peak_rss()
+    states = [{"budget_mb": config.get("budget_mb"), "executor": engine.engine_stats().executor,
+               "state_peak_mb": frames()}]
+    for budget in config["changes"]:
+        gc.collect()
+        reset_peak_rss()
+        engine.set_memory_budget(budget)
+        engine.run(feeds)
+        change = (status_bytes("VmHWM") - baseline) / MB
+        reset_peak_rss()
+        states.append({"budget_mb": budget, "executor": engine.engine_stats().executor, "change_peak_mb": change,
+                       "state_peak_mb": frames(), "rss_mb": (status_bytes("VmRSS") - baseline) / MB})
+    engine.close()
+    return {"states": states}
+
+
 def worker(config: dict) -> dict:
     """Run one configuration in this (fresh) process and return its measurements."""
+    if config["mode"] == "sequence":
+        return sequence_worker(config)
+    if config["mode"] == "changes":
+        return changes_worker(config)
     specs = input_specs(load_model(config["model"], check=False))
     height, width = config["size"]
     feeds = make_feeds(specs, height, width, seed=config.get("seed", 0))

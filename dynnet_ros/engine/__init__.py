@@ -1,18 +1,21 @@
 """ONNX analysis, planning and execution. No ROS imports anywhere below this package.
 
-``from dynnet_ros.engine import Engine`` is the public entry point. The facade is re-exported
-lazily (PEP 562): it sits above this package's lower layers (``swap``, ``budget`` and ``mapper``
-import ``engine.plan``/``engine.procmem`` through this ``__init__``), so importing it here would
-make every first import of a lower module run the whole engine and close an import cycle.
+``from dynnet_ros.engine import Engine`` is the public entry point, with ``BudgetExceeded`` (a
+frame refused under ``Engine(over_budget="raise")``) and ``OverBudget`` (what
+``engine_stats().over_budget`` reports). They are re-exported lazily (PEP 562): the facade sits
+above this package's lower layers (``swap``, ``budget`` and ``mapper`` import
+``engine.plan``/``engine.procmem`` through this ``__init__``), so importing it here would make
+every first import of a lower module run the whole engine and close an import cycle.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from dynnet_ros.engine.backends.base import BudgetExceeded, OverBudget
     from dynnet_ros.engine.engine import Engine
 
-__all__ = ["Engine"]
+__all__ = ["BudgetExceeded", "Engine", "OverBudget"]
 
 
 def __getattr__(name: str) -> object:
@@ -20,4 +23,8 @@ def __getattr__(name: str) -> object:
         # lazy re-export: the facade imports swap/, which imports this package's lower layers
         from dynnet_ros.engine.engine import Engine
         return Engine
+    if name in ("BudgetExceeded", "OverBudget"):
+        # lazy re-export, like the facade whose budget policy raises and reports them
+        from dynnet_ros.engine.backends import base
+        return getattr(base, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

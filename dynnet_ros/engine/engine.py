@@ -15,14 +15,14 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from dynnet_ros.engine.backends.base import Executor, ExecutorStats, WindowStats
+from dynnet_ros.engine.backends.base import OVER_BUDGET_POLICIES, Executor, ExecutorStats, OverBudget, WindowStats
 from dynnet_ros.engine.backends.cpu import OrtExecutor
 from dynnet_ros.engine.backends.registry import create_executor, load_for_backend
 from dynnet_ros.engine.feeds import FeedCheck, plan_breach, shape_signature, validate_feeds
 from dynnet_ros.engine.model_io import InputSpec, ModelLike, default_specs, input_specs, output_names, weight_bytes
 from dynnet_ros.engine.plan.loader import source_path
 from dynnet_ros.engine.reference import ORT_RUN_ERRORS, ReferenceRunner, plain_only_reason, refused
-from dynnet_ros.swap.control import BudgetModel, BudgetRefused, SwapControl, reference_shapes
+from dynnet_ros.swap.control import BudgetModel, BudgetRefused, SwapControl
 from dynnet_ros.units import MB
 
 log = logging.getLogger(__name__)
@@ -62,9 +62,16 @@ class EngineStats:
         """The streamed weights window (None when the executor does not stream weights)."""
         return self.executor_stats.window
 
+    @property
+    def over_budget(self) -> OverBudget | None:
+        """The input size now run above the budget (``over_budget="run"``); None while it holds."""
+        window = self.executor_stats.window
+        return None if window is None else window.over_budget
+
     def as_dict(self) -> dict[str, Any]:
         """The dict docs/engine.md lists for ``Engine.stats()``."""
         ex = self.executor_stats
+        over = self.over_budget
         window = None if ex.window is None else {**asdict(ex.window), "mode": "stream",
                                                  "last_frame_read_mb": ex.window.last_frame_read_bytes / MB,
                                                  "min_budget_mb": ex.window.min_budget_bytes / MB,
@@ -84,6 +91,8 @@ class EngineStats:
             **({} if ex.resident_weight_bytes is None else {"resident_weight_bytes": ex.resident_weight_bytes}),
             **ex.details,
             "swap": window,
+            "over_budget": None if over is None else {"shapes": over.shapes, "minimum_mb": over.minimum_mb,
+                                                      "budget_mb": over.budget_mb, "overshoot_mb": over.overshoot_mb},
         }
 
 
@@ -92,7 +101,7 @@ class Engine:
 
     def __init__(self, model: ModelLike, backend: str = "cpu", *, threads: int | None = None,
                  memory_budget_mb: float | None = None, swappable: bool = False, layout: str = "nchwc",
-                 input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> None:
+                 input_shapes: Mapping[str, tuple[int, ...]] | None = None, over_budget: str = "run") -> None:
         """``swappable``: start on the executor that takes budgets later without a rebuild (the
         planned engine with streamed weights, all resident while there is no budget) — for
         callers whose budget will change, like the model nodes. Switching executors later
@@ -108,9 +117,26 @@ class Engine:
 
         A budget bounds what this engine holds — its resident weights plus its footprint besides
         them at the input size (swap/calibration.py) — not the process's RSS, which other engines
-        and the caller's own allocations change too."""
+        and the caller's own allocations change too.
+
+        ``over_budget``: what a frame does whose input size needs more than the budget in force
+        (its minimum there, measured before the first frame of each size, is above the budget):
+        "raise" refuses it with ``BudgetExceeded`` (a ValueError naming the shapes and the
+        minimum; nothing changes), "run" runs it in the smallest window, above the budget, and
+        flags it in ``engine_stats().over_budget`` (shapes, minimum, overshoot) until a frame fits
+        or the budget is raised. At every size whose minimum fits, the window re-sizes so the
+        engine holds the budget.
+
+        A budget known at start belongs here (``memory_budget_mb``), and an engine whose budget
+        will change is built ``swappable``: the first budget given to an engine built with
+        neither replaces its in-memory executor, whose freed heap and code pages stay in the
+        process (its RSS peaked at the in-memory footprint before, and stays above what the
+        budget counts after)."""
         if layout not in ("nchwc", "as-given"):
             raise ValueError(f"unknown layout {layout!r} (nchwc | as-given)")
+        if over_budget not in OVER_BUDGET_POLICIES:
+            raise ValueError(f"over_budget must be one of {OVER_BUDGET_POLICIES}, got {over_budget!r}")
+        self.over_budget = over_budget
         self.model_path = None if not isinstance(model, (str, bytes)) and not hasattr(model, "__fspath__") \
             else str(model)
         # planned cpu: weightless graph, weights stay in the file
@@ -131,6 +157,9 @@ class Engine:
         self.outputs: list[str] = output_names(self.proto)
         self.weight_bytes = weight_bytes(self.proto)
         self.layout = layout
+        self._swap = SwapControl(BudgetModel(
+            load_proto=lambda: self.proto, backend=backend, threads=threads, layout=layout,
+            weight_bytes=self.weight_bytes, create_executor=self._create_inmemory, over_budget=over_budget))
         self._expected_shapes = None if input_shapes is None else self._checked_shapes(input_shapes)
         #: the model file the planned backend reads its graph from again when a plan or a budget
         #: needs it (None: the graph is held). The graph is dropped before any session exists, so a
@@ -150,9 +179,6 @@ class Engine:
         self._last_signature: tuple | None = None
         self._runs = 0
         self._signatures: set = set()
-        self._swap = SwapControl(BudgetModel(
-            load_proto=lambda: self.proto, backend=backend, threads=threads, layout=layout,
-            weight_bytes=self.weight_bytes, create_executor=self._create_inmemory))
         try:
             self.set_memory_budget(memory_budget_mb)
         except ValueError:
@@ -185,7 +211,8 @@ class Engine:
             out = {str(name): tuple(int(d) for d in shape) for name, shape in shapes.items()}
         except (TypeError, ValueError):
             raise ValueError(f"input shapes must be tuples of ints, got {dict(shapes)!r}") from None
-        out = {**reference_shapes(self.proto), **out}  # inputs not named: at the reference size
+        if any(spec.name not in out for spec in self.inputs):  # inputs not named: at the reference size
+            out = {**self._swap.reference_shapes(), **out}
         dtypes = {spec.name: spec.dtype for spec in self.inputs}
         # zero-stride views: checked like feeds, nothing allocated
         validate_feeds(self.inputs, {name: np.broadcast_to(np.zeros((), dtype=dtypes.get(name, np.float32)), shape)

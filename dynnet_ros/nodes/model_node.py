@@ -505,6 +505,20 @@ class ModelNode(Node, ABC):
                     f"the model keeps {self._engine_budget_mb or 0:.1f} MB")
             self._last_refused = state
 
+    def _over_budget(self) -> str | None:
+        """Why the model runs above its share of ``memory_budget_mb`` now (None: it fits): the
+        engine ran the frame above its budget (``over_budget="run"``: the input size needs
+        more), or the node handed the engine its minimum, above the share."""
+        over = self.engine.engine_stats().over_budget
+        if over is not None:
+            return f"{over.describe()}: running {over.overshoot_mb:.1f} MB over it"
+        node_mb = self.params["memory_budget_mb"]
+        share, given = self._engine_budget(node_mb), self._engine_budget_mb
+        if share is not None and given is not None and given > share + 0.01:
+            return (f"memory_budget_mb {node_mb:g} leaves the model {share:.1f} MB besides "
+                    f"{self.frame.total_mb:.1f} MB of frame buffers, below its minimum: it runs at {given:.1f} MB")
+        return None
+
     def _engine_over_budget(self) -> bool:
         """The engine's window is predicted above its budget: the input size changed under it.
         Setting the same budget again lets it re-size the window for the size it now runs."""
@@ -723,6 +737,12 @@ class ModelNode(Node, ABC):
         self._last_camera = (frame.width, frame.height)
         if not self.budget_profile.knows(size_key(letterbox.pad_h, letterbox.pad_w)):
             self._publish_new_size()
+        over = self._over_budget()
+        if over is not None:
+            if self._last_error is None:  # the profile carries this size's minimum: the manager can grant it now
+                self._publish_new_size()
+            self.report_error(f"over budget: {over}")
+            return
         if self._last_error is not None:
             self._last_error = None
             self.publish_diagnostics()

@@ -17,6 +17,7 @@ the policy sees the model through ``BudgetModel`` and the executor it is handed,
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -26,6 +27,8 @@ import onnx
 from dynnet_ros.engine.backends.base import Executor
 from dynnet_ros.engine.memtrim import release_memory
 from dynnet_ros.engine.ort_features import ort_features
+from dynnet_ros.engine.rdp import RDPWarning, analyze
+from dynnet_ros.engine.rdp.solve import runnable_shapes
 from dynnet_ros.swap.calibration import Calibration, load_or_measure, shapes_key
 from dynnet_ros.swap.streamed import StreamedExecutor, predict_latency_ms, prepare_weight_file
 from dynnet_ros.swap.weight_file import StoreError, WeightFile
@@ -42,6 +45,14 @@ REFERENCE_DIMS = {"H": 480, "W": 640, "height": 480, "width": 640}
 
 Shapes = Mapping[str, tuple[int, ...]]
 Signature = tuple
+#: Why a budget given to an engine that runs in memory cannot bound the process: the in-memory
+#: executor it replaces leaves its freed heap and code pages behind (docs/swap.md).
+SWITCH_WARNING = ("this engine was built without a budget and without swappable=True, so its first budget "
+                  "replaces the in-memory executor: the process held the in-memory footprint (~{inmemory_mb:.0f} MB) "
+                  "until now, and the freed heap and code pages it leaves stay in the process's RSS, which the "
+                  "engine's budget does not count; give a budget known at start to the constructor "
+                  "(Engine(..., memory_budget_mb=...)), or build an engine whose budget will change with "
+                  "Engine(..., swappable=True)")
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,7 @@ class BudgetModel:
     layout: str                             # "nchwc" where it applies, or "as-given" (see streamed.py)
     weight_bytes: int
     create_executor: Callable[[], Executor]  # the backend's in-memory executor
+    over_budget: str = "run"                # a frame at an input size the budget cannot hold: "raise" | "run"
 
     @property
     def proto(self) -> onnx.ModelProto:
@@ -71,9 +83,10 @@ class BudgetRefused(ValueError):
         self.executor = executor
 
 
-def reference_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
-    """Concrete shape per graph input at the reference size: symbols from ``REFERENCE_DIMS``,
-    other dynamic dims 1 for batch/channel axes and 224 for the rest."""
+def preferred_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    """Concrete shape per graph input from its declaration alone: symbols from
+    ``REFERENCE_DIMS``, other dynamic dims (unnamed, or ``-1`` as some exporters write them) 1
+    for batch/channel axes and 224 for the rest."""
     inits = {init.name for init in model.graph.initializer}
     shapes: dict[str, tuple[int, ...]] = {}
     for value in model.graph.input:
@@ -81,7 +94,7 @@ def reference_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
             continue
         dims = []
         for axis, dim in enumerate(value.type.tensor_type.shape.dim):
-            if dim.HasField("dim_value"):
+            if dim.HasField("dim_value") and dim.dim_value >= 0:
                 dims.append(int(dim.dim_value))
             elif dim.dim_param in REFERENCE_DIMS:
                 dims.append(REFERENCE_DIMS[dim.dim_param])
@@ -89,6 +102,22 @@ def reference_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
                 dims.append(1 if axis < 2 else 224)
         shapes[value.name] = tuple(dims)
     return shapes
+
+
+def reference_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    """The input shapes budgets refer to before the engine has run or been told its input size:
+    ``preferred_shapes``, with each dim RDP's requirements rule out moved to the closest size
+    the model runs at (rdp/solve.py: a dim constrained to one value takes it). ValueError naming
+    the inputs that need ``input_shapes`` where no such size can be derived."""
+    preferred = preferred_shapes(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RDPWarning)  # an operator RDP does not know: reported by the planner
+        try:
+            result = analyze(model)
+        except (ValueError, KeyError, TypeError) as exc:
+            LOG.info("no shape analysis for the reference size (%s); using the declared dims", exc)
+            return preferred
+    return runnable_shapes(result, preferred)
 
 
 def inmemory_estimate_bytes(weight_bytes: int, arena_bytes: int | None) -> int:
@@ -117,6 +146,14 @@ class SwapControl:
         #: last values of the model's small integer inputs (the engine records them): calibration
         #: feeds them instead of zeros, which may pick a control-flow path the model cannot run
         self.control_values: dict[str, list] = {}
+        self._reference: dict[str, tuple[int, ...]] | None = None
+
+    def reference_shapes(self) -> dict[str, tuple[int, ...]]:
+        """``reference_shapes`` of the model, derived once (ValueError: the inputs that need
+        ``input_shapes``)."""
+        if self._reference is None:
+            self._reference = reference_shapes(self.model.proto)
+        return self._reference
 
     # ------------------------------------------------------------------ the engine's own footprint
     def _weight_file(self) -> WeightFile:
@@ -140,8 +177,31 @@ class SwapControl:
 
     def calibration(self, shapes: Shapes | None) -> Calibration:
         """The engine's footprint at ``shapes`` (None: the reference size); ValueError when the
-        weights cannot be streamed or the model does not run at these shapes."""
-        shapes = shapes or reference_shapes(self.model.proto)
+        weights cannot be streamed or the model does not run at these shapes (at the reference
+        size: naming the inputs whose shapes the engine needs to be given)."""
+        if shapes is None:
+            if self.streamed is None:
+                self._weight_file()  # weights that cannot be streamed: that reason, not the shapes
+            try:
+                return self._calibration(self.reference_shapes())
+            except ValueError as exc:
+                dynamic = ", ".join(repr(name) for name, declared in preferred_shapes(self.model.proto).items()
+                                    if declared != self._declared_static(name))
+                raise ValueError(f"{exc} (no input size was given, and the reference size derived from the "
+                                 f"declared dims and RDP's requirements is not one the model runs at: give "
+                                 f"Engine(input_shapes=...) for {dynamic or 'its inputs'})") from exc
+        return self._calibration(shapes)
+
+    def _declared_static(self, name: str) -> tuple[int, ...] | None:
+        """The input's declared shape when every dim has a value (None: some dim is dynamic)."""
+        for value in self.model.proto.graph.input:
+            if value.name == name:
+                dims = value.type.tensor_type.shape.dim
+                if all(d.HasField("dim_value") and d.dim_value >= 0 for d in dims):
+                    return tuple(int(d.dim_value) for d in dims)
+        return None
+
+    def _calibration(self, shapes: Shapes) -> Calibration:
         if self.streamed is not None:
             return self.streamed.calibration(shapes)
         key = shapes_key(shapes)
@@ -185,15 +245,17 @@ class SwapControl:
             return current if current is not None else self.model.create_executor()
         if budget is None and current is not None:
             return current
-        return self._start_streaming(budget, current, in_force_mb, shapes or reference_shapes(self.model.proto))
+        return self._start_streaming(budget, current, in_force_mb, shapes)
 
     def _start_streaming(self, budget: int | None, current: Executor | None, in_force_mb: float | None,
-                         shapes: Shapes) -> Executor:
+                         given: Shapes | None) -> Executor:
         """The streamed executor at ``budget``, replacing ``current`` (None: the engine's first
-        executor, which then streams with every weight resident)."""
+        executor, which then streams with every weight resident); ``given``: the input shapes
+        budgets refer to (None: the reference size)."""
         try:  # before anything is closed: the weight file and the footprint at these shapes
             weights = self._weight_file()
-            calibration = self.calibration(shapes)
+            calibration = self.calibration(given)
+            shapes = given or self.reference_shapes()
         except ValueError as exc:
             if budget is None:  # a swappable engine without a budget: run in memory
                 LOG.warning("%s; running in memory", exc)
@@ -205,11 +267,12 @@ class SwapControl:
                              f"(engine without weights {calibration.footprint / MB:.1f} MB + "
                              f"{calibration.min_stream_bytes / MB:.1f} MB of weights one step needs)")
         if current is not None:
+            LOG.warning("%s", SWITCH_WARNING.format(inmemory_mb=calibration.inmemory_bytes() / MB))
             current.close()
         release_memory()
         try:
             streamed = StreamedExecutor(threads=self.model.threads, weights=weights,
-                                        rebuilt_reason=self._rebuilt_reason)
+                                        rebuilt_reason=self._rebuilt_reason, over_budget=self.model.over_budget)
             streamed.control_values = self.control_values  # shared: the engine keeps it current
             streamed.calibrate(shapes)
         except (ValueError, OSError) as exc:  # unexpected after the checks above: back to memory
@@ -236,7 +299,7 @@ class SwapControl:
             except ValueError:
                 pass  # weights that cannot be streamed: estimated below
         if self._inmemory_estimate is None:
-            arena = None if current is None else current.arena_bytes_at(shapes or reference_shapes(self.model.proto))
+            arena = None if current is None else current.arena_bytes_at(shapes or self.reference_shapes())
             self._inmemory_estimate = inmemory_estimate_bytes(self.model.weight_bytes, arena)
         return self._inmemory_estimate
 

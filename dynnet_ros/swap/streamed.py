@@ -20,6 +20,11 @@ it holds besides them at the input shapes it runs (arena, sessions, onnxruntime'
 measured once per model and shapes in a clean child process (swap/calibration.py). The weight
 allowance is the budget minus that and a margin. A budget change is a window resize (no
 session is rebuilt).
+
+A frame at an input size not run before is judged before it runs: its footprint there is
+measured (once per size), the window re-sized to hold the budget, and where the budget is below
+the minimum at that size, ``over_budget`` decides: "raise" refuses the frame (BudgetExceeded),
+"run" runs it in the smallest window and reports the overshoot (``WindowStats.over_budget``).
 """
 from __future__ import annotations
 
@@ -34,7 +39,8 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
-from dynnet_ros.engine.backends.base import ExecutorStats, WindowStats
+from dynnet_ros.engine.backends.base import OVER_BUDGET_POLICIES, BudgetExceeded, ExecutorStats, OverBudget, WindowStats
+from dynnet_ros.engine.memtrim import release_memory
 from dynnet_ros.engine.plan.executor import PlannedExecutor
 from dynnet_ros.engine.plan.graph import all_graphs
 from dynnet_ros.engine.plan.layout import laid_out_skeleton
@@ -116,11 +122,16 @@ class StreamedExecutor:
 
     def __init__(self, model: onnx.ModelProto | None = None, *, threads: int | None = None,
                  store_root: str | os.PathLike | None = None, layout: str = "nchwc",
-                 weights: WeightFile | None = None, rebuilt_reason: str | None = None) -> None:
+                 weights: WeightFile | None = None, rebuilt_reason: str | None = None,
+                 over_budget: str = "run") -> None:
         """``model``: found or built into a weight file unless ``weights`` (its verified weight
         file) is given, with ``rebuilt_reason`` why it was rebuilt; ``layout``: see
         ``prepare_weight_file``; ``store_root``: the swap cache (weight files, calibrations).
-        Budgets are judged once ``calibrate`` named the input shapes."""
+        Budgets are judged once ``calibrate`` named the input shapes. ``over_budget``: what a frame
+        whose input size needs more than the budget does ("raise" | "run", see the module docstring)."""
+        if over_budget not in OVER_BUDGET_POLICIES:
+            raise ValueError(f"over_budget must be one of {OVER_BUDGET_POLICIES}, got {over_budget!r}")
+        self.over_budget = over_budget
         if weights is None:
             if model is None:
                 raise ValueError("a model or its weight file is needed")
@@ -159,6 +170,8 @@ class StreamedExecutor:
         self._shapes_key: str | None = None
         self._pending_shapes: Shapes | None = None  # last run's shapes, measured on demand
         self._warned: set[str] = set()
+        self._over: OverBudget | None = None  # the input size in force needs more than the budget
+        self._over_frames = 0
         self._budget: int | None = None
         self._latency_ms: float | None = None
         self._compute_ms: float | None = None
@@ -205,12 +218,30 @@ class StreamedExecutor:
             return
         self._cal = self.calibration(shapes)
         self._shapes_key = key
-        if self._budget is not None and self._budget < self._cal.minimum_bytes() and key not in self._warned:
+        if self._budget is not None and self.planned.fit_arena(shapes):
+            release_memory()  # the footprint at these shapes is what the budget leaves the window room beside
+        self._over = self._over_budget(self._cal, key)
+        if self._over is not None and key not in self._warned:
             self._warned.add(key)
-            LOG.warning("memory budget %.1f MB is below this model's minimum %.1f MB at input %s: running in the "
-                        "smallest window until the budget is raised", self._budget / MB,
-                        self._cal.minimum_bytes() / MB, key)
+            LOG.warning("%s: running in the smallest window, %.1f MB over the budget, until the budget is raised",
+                        self._over.describe(), self._over.overshoot_mb)
         self._apply_allowance()
+
+    def _over_budget(self, cal: Calibration, key: str) -> OverBudget | None:
+        if self._budget is None or self._budget >= cal.minimum_bytes():
+            return None
+        return OverBudget(shapes=key, minimum_mb=cal.minimum_bytes() / MB, budget_mb=self._budget / MB)
+
+    def admit(self, shapes: Shapes) -> None:
+        """Judge a frame at ``shapes`` before it runs: the window follows the footprint there;
+        BudgetExceeded (nothing changed) where the budget is below the minimum at these shapes
+        and the policy is "raise"."""
+        key = shapes_key(shapes)
+        if key != self._shapes_key and self.over_budget == "raise":
+            over = self._over_budget(self.calibration(shapes), key)
+            if over is not None:
+                raise BudgetExceeded(over)
+        self.calibrate(shapes)
 
     def _calibrated(self) -> Calibration:
         if self._pending_shapes is not None:
@@ -241,6 +272,7 @@ class StreamedExecutor:
         """All weights resident for None; else the window the budget leaves (ValueError if too small)."""
         if budget_bytes is None:
             self._budget = None
+            self._over = None
             self.window.set_allowance(self.weight_span)
             return
         cal = self._calibrated()
@@ -251,6 +283,7 @@ class StreamedExecutor:
                              f"{cal.footprint / MB:.1f} MB + {cal.min_stream_bytes / MB:.1f} MB of weights "
                              f"one step needs)")
         self._budget = int(budget_bytes)
+        self._over = None
         self._apply_allowance()
 
     def _apply_allowance(self) -> None:
@@ -283,7 +316,9 @@ class StreamedExecutor:
             # measurement; it is taken when a budget or the footprint is asked for
             self._pending_shapes = None if shapes_key(shapes) == self._shapes_key else shapes
         else:
-            self.calibrate(shapes)
+            self.admit(shapes)
+        if self._over is not None:
+            self._over_frames += 1
         start = time.perf_counter()
         outputs = self.planned.run(feeds, out)
         ms = (time.perf_counter() - start) * 1e3
@@ -332,7 +367,8 @@ class StreamedExecutor:
             predicted_peak_bytes=footprint + self.window.allowance, io_mode=self.reader.mode.value,
             frames=stats.frames, last_frame_read_bytes=stats.last_frame_read,
             last_frame_stall_ms=stats.last_frame_stall_ms, read_mb_s=stats.read_mb_s,
-            split_bytes=self.split_bytes, rebuilt_reason=self.rebuilt_reason)
+            split_bytes=self.split_bytes, rebuilt_reason=self.rebuilt_reason, over_budget=self._over,
+            over_budget_frames=self._over_frames)
         return ExecutorStats(arena_bytes=planned.arena_bytes, blocks=sum(1 for names in self.window.needed if names),
                              resident_weight_bytes=self.window.resident_bytes, window=window,
                              details=planned.details)

@@ -11,6 +11,46 @@ from typing import Any, Mapping, Protocol
 
 import numpy as np
 
+#: what an engine does with a frame whose input size needs more than its budget (Engine(over_budget=...))
+OVER_BUDGET_POLICIES = ("raise", "run")
+
+
+@dataclass(frozen=True)
+class OverBudget:
+    """An input size the budget in force cannot hold: the engine's minimum there is above it."""
+
+    shapes: str          # the input shapes ("name=1x3x480x640;...")
+    minimum_mb: float    # the smallest budget the engine runs in at these shapes
+    budget_mb: float     # the budget in force
+
+    @property
+    def overshoot_mb(self) -> float:
+        """How far above its budget the engine runs at these shapes (in its smallest window)."""
+        return self.minimum_mb - self.budget_mb
+
+    def describe(self) -> str:
+        return (f"memory budget {self.budget_mb:.1f} MB is below this model's minimum {self.minimum_mb:.1f} MB "
+                f"at input {self.shapes}")
+
+
+class BudgetExceeded(ValueError):
+    """A frame refused before it ran: its input size needs more than the engine's budget
+    (``Engine(over_budget="raise")``). The budget and everything else stay as they were; a
+    budget of at least ``over.minimum_mb`` (or a smaller input) runs it."""
+
+    def __init__(self, over: OverBudget) -> None:
+        super().__init__(f"{over.describe()}: frame not run (over_budget='raise'); raise the budget to at least "
+                         f"{over.minimum_mb:.1f} MB or feed a smaller input")
+        self.over = over
+
+    @property
+    def shapes(self) -> str:
+        return self.over.shapes
+
+    @property
+    def minimum_mb(self) -> float:
+        return self.over.minimum_mb
+
 
 @dataclass(frozen=True)
 class WindowStats:
@@ -35,6 +75,9 @@ class WindowStats:
     read_mb_s: float | None      # measured read rate
     split_bytes: int             # largest piece a fully-connected weight was split into
     rebuilt_reason: str | None   # why the weight file was rebuilt when it was opened (None: it was current)
+    #: the input size now run above the budget (over_budget="run"; None: the budget holds)
+    over_budget: OverBudget | None = None
+    over_budget_frames: int = 0  # frames run above the budget so far
 
 
 @dataclass(frozen=True)

@@ -727,6 +727,17 @@ class PlannedExecutor:
             return None
         return slot.view(self.arena)
 
+    def fit_arena(self, shapes: Mapping[str, tuple[int, ...]]) -> bool:
+        """Give back the arena when it is larger than the plan for ``shapes`` needs (the next run
+        allocates that plan's height): the arena is grow-only, and an engine under a memory budget
+        would otherwise hold a larger input size's activations while it runs a smaller one. True
+        when the arena was released."""
+        needed = self.arena_bytes_at(shapes)
+        if needed is None or align(max(needed, 1)) >= self.arena.capacity or not self._owns_arena:
+            return False
+        self.arena.release()
+        return True
+
     def arena_bytes_at(self, shapes: Mapping[str, tuple[int, ...]]) -> int | None:
         """The arena height of the plan for ``shapes`` (None where these shapes cannot be planned)."""
         try:
