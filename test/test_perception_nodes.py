@@ -191,6 +191,41 @@ def fixed_640(path: Path, out: Path) -> Path:
     return out
 
 
+def test_a_frame_above_the_budget_is_an_error_and_its_minimum_goes_to_the_manager(node):
+    """A budget that fits 320x240 frames, then a 640x640 frame (a size class the node did not
+    announce), which needs more: the node still answers, its diagnostic goes ERROR ("over
+    budget: ..."), and the profile it publishes carries that class's minimum, above the budget,
+    for the manager to grant."""
+    client: Client = node["client"]
+    small, large = resize(astronaut(), 240, 320), resize(astronaut(), 640, 640)
+    client.detect(small)
+
+    def profile(since: int, size: str):  # the latest profile received after the first ``since``
+        with client.lock:
+            return next((p for p in reversed(client.profiles[since:]) if size in p.min_by_size), None)
+    prof = wait_for(lambda: profile(0, "256x320"), 120, "a profile with the 256x320 minimum")
+    budget = round(prof.min_by_size["256x320"] + 0.5, 1)
+    try:
+        ok, reason = client.set(memory_budget_mb=budget)
+        assert ok, reason
+        client.detect(small)
+        t0 = time.monotonic()
+        with client.lock:
+            seen = len(client.profiles)
+        client.detect(large)  # served, above the budget
+        status = client.status_where(t0, lambda s: str(s.get("last_error", "")).startswith("over budget"),
+                                     "an over-budget error")
+        assert "minimum" in status["last_error"]
+        after = wait_for(lambda: profile(seen, "640x640"), 60, "a profile after the frame")
+        assert after.min_by_size["640x640"] > budget
+    finally:
+        ok, reason = client.set(memory_budget_mb=0.0)
+        assert ok, reason
+    t1 = time.monotonic()
+    client.detect(small)
+    client.status_where(t1, lambda s: s.get("last_error") == "", "the error cleared by a frame within the budget")
+
+
 def test_model_path_switches_from_the_zoo_format_to_a_real_yolov8_export(node):
     client: Client = node["client"]
     t0 = time.monotonic()
