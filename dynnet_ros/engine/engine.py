@@ -22,7 +22,7 @@ from dynnet_ros.engine.feeds import FeedCheck, plan_breach, shape_signature, val
 from dynnet_ros.engine.model_io import InputSpec, ModelLike, default_specs, input_specs, output_names, weight_bytes
 from dynnet_ros.engine.plan.loader import source_path
 from dynnet_ros.engine.reference import ORT_RUN_ERRORS, ReferenceRunner, plain_only_reason, refused
-from dynnet_ros.swap.control import BudgetModel, BudgetRefused, SwapControl
+from dynnet_ros.swap.control import BudgetModel, BudgetRefused, SwapControl, preferred_shapes
 from dynnet_ros.units import MB
 
 log = logging.getLogger(__name__)
@@ -212,7 +212,11 @@ class Engine:
         except (TypeError, ValueError):
             raise ValueError(f"input shapes must be tuples of ints, got {dict(shapes)!r}") from None
         if any(spec.name not in out for spec in self.inputs):  # inputs not named: at the reference size
-            out = {**self._swap.reference_shapes(), **out}
+            try:
+                reference = self._swap.reference_shapes()
+            except ValueError:  # no size RDP allows for every input: the declared dims, checked below
+                reference = preferred_shapes(self.proto)
+            out = {**reference, **out}
         dtypes = {spec.name: spec.dtype for spec in self.inputs}
         # zero-stride views: checked like feeds, nothing allocated
         validate_feeds(self.inputs, {name: np.broadcast_to(np.zeros((), dtype=dtypes.get(name, np.float32)), shape)
