@@ -17,7 +17,7 @@ from matplotlib import image as mpimg
 from dynnet_ros import cli
 from dynnet_ros.bags.scenes import record_scenes
 from dynnet_ros.commands.exit_frames import exit_inputs, read_frames
-from dynnet_ros.mapper.advice import never_early, no_early_exit, one_stage_guard
+from dynnet_ros.mapper.advice import never_early, no_early_exit, no_exit_taken, one_stage_guard
 from dynnet_ros.mapper.build import build_stages
 from dynnet_ros.mapper.exit_heads import (
     CutPoint,
@@ -35,6 +35,7 @@ from dynnet_ros.mapper.model_search import calibrate
 from dynnet_ros.mapper.partition import Partition
 from dynnet_ros.mapper.runtime import StageExecutor
 from dynnet_ros.mapper.search import Candidate
+from dynnet_ros.nodes.mapped import MappedSettings, open_mapped
 from dynnet_ros.perception.model_info import model_info
 from dynnet_ros.sim.frames import SimSettings
 from dynnet_ros.zoo import ensure_model
@@ -136,6 +137,20 @@ def test_map_exits_learns_a_no_box_exit_for_the_yolo_detector(tmp_path):
     for feed, (exit_index, out) in zip(feeds, _run_mapped(exits_path, feeds, 0.0)):
         ref = full.run([output], feed)[0]
         assert exit_index == 0 and out[output].shape == ref.shape and not out[output].any()   # no box
+    # a model node's mapped mode: its mapping file and exit_threshold, unchanged
+    mapping = tmp_path / "mapping.yaml"
+    mapping.write_text("hardware: this-machine\nstages: [{unit: cpu0, threshold: 0.5}, cpu1]\n")
+    for threshold, expected in ((1.0, 1), (0.0, 0)):
+        executor = open_mapped(str(exits_path), MappedSettings(str(mapping), threshold, 0.0), None)
+        assert executor is not None
+        try:
+            for feed in feeds:
+                out = executor.run(feed)
+                assert executor.last_result is not None and executor.last_result.exit_index == expected
+                if expected == 1:
+                    assert np.array_equal(out[output], full.run([output], feed)[0])
+        finally:
+            executor.close()
 
 
 def test_map_exits_learns_a_class_score_exit_for_the_direction_classifier(tmp_path):
@@ -227,6 +242,7 @@ def test_the_search_never_keeps_a_pick_slower_than_one_stage_on_the_fastest_unit
     no_exit = _candidate(["cpu0", "cpu1"], 20.0, (0.0, 1.0))          # predicted faster: the profile's noise
     chosen, advice = one_stage_guard(no_exit, baselines)
     assert chosen.label == "cpu1-only" and advice is not None and "no early exit" in advice
+    assert no_exit_taken(baselines[0]) is not None and no_exit_taken(split) is None
     # a single-unit mapping that loses too much accuracy is no alternative
     assert one_stage_guard(split, [replace(baselines[1], accuracy=0.5)], 1.0, 0.01) == (split, None)
 

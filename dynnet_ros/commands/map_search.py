@@ -15,7 +15,7 @@ from dynnet_ros.commands import CommandError, arguments
 from dynnet_ros.commands._search_inputs import cached_profile, frames, model_stages
 from dynnet_ros.engine.backends.trt_cache import model_sha256
 from dynnet_ros.engine.rdp import analyze
-from dynnet_ros.mapper.advice import no_early_exit, one_stage_guard
+from dynnet_ros.mapper.advice import no_early_exit, no_exit_taken, one_stage_guard
 from dynnet_ros.mapper.calibration import Observation, contention_matters, fit_runtime_costs, relative_errors
 from dynnet_ros.mapper.choices import (
     Constraints,
@@ -164,6 +164,10 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"[yellow]{advice}[/yellow]")
             if not args.allow_slower_than_one_stage:
                 chosen = guarded
+        idle = no_exit_taken(chosen)
+        if idle:
+            report["advice"] = " ".join(filter(None, [report.get("advice"), idle]))
+            console.print(f"[yellow]{idle}[/yellow]")
     if isinstance(space, StageSpace):
         extra.append(space.static(chosen))
         kept, cache = _keep_choices(path, hardware, size, base_accuracy, memory, args, result, chosen,

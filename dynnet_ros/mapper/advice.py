@@ -45,6 +45,15 @@ def never_early(stage_set: "StageSet", histogram: Mapping[int, int], thresholds:
     return None
 
 
+def no_exit_taken(chosen: "Candidate") -> str | None:
+    """Why a depth-wise pick's stages do not pay, or None: none of its early exits fires at its
+    thresholds on the calibration frames, so its stages only add dispatches and hand-offs."""
+    if chosen.partition is not None or len(chosen.exit_rates) < 2 or any(chosen.exit_rates[:-1]):
+        return None
+    return (f"no early exit fires at the pick's thresholds on the calibration frames, so its "
+            f"{len(chosen.exit_rates)} stages do what one stage does; {ONE_STAGE}")
+
+
 def one_stage_guard(chosen: "Candidate", candidates: Sequence["Candidate"], base_accuracy: float = 1.0,
                     max_accuracy_drop: float = 1.0) -> tuple["Candidate", str | None]:
     """``chosen``, or the fastest of ``candidates`` that keep every stage on one unit (within the
