@@ -104,3 +104,21 @@ def test_the_help_lines_are_the_commands_own():
         if hasattr(module, "NAME") and hasattr(module, "run") and "." not in module.NAME:
             found[module.NAME] = module.HELP
     assert found == commands.SUMMARIES
+
+
+SUPERVISOR_COMMANDS = {"dynnet_ros.commands.up", "dynnet_ros.commands.basic_arguments", "dynnet_ros.commands.preflight"}
+
+
+def test_the_supervisor_loads_no_engine_mapper_or_other_command():
+    """`dynnet up` watches its children for as long as the graph runs: it checks and measures in a
+    child (``preflight``) and holds rclpy, not the engine, the mapper or the other commands."""
+    modules = _help_modules("up", "--help")
+    engine = [m for m in modules if m.startswith(("dynnet_ros.engine.", "dynnet_ros.mapper", "dynnet_ros.swap",
+                                                  "dynnet_ros.perception", "dynnet_ros.zoo"))
+              and m not in ("dynnet_ros.engine.procmem",)]
+    assert engine == [], engine
+    commands_loaded = {m for m in modules if m.startswith("dynnet_ros.commands.")}
+    assert commands_loaded <= SUPERVISOR_COMMANDS, sorted(commands_loaded - SUPERVISOR_COMMANDS)
+    heavy = _third_party(modules) & {"onnx", "onnxruntime", "foxglove", "rosbags", "pymoo", "xgboost", "rich",
+                                     "matplotlib", "scipy"}
+    assert heavy == set(), sorted(heavy)

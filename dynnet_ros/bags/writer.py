@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +27,8 @@ from rosbags.interfaces import Connection, Qos, QosDurability, QosHistory, QosLi
 from rosbags.rosbag2 import StoragePlugin, Writer
 from rosbags.typesys import Stores, get_typestore
 from rosbags.typesys.store import Typestore
+
+from dynnet_ros.bags.paths import check_output
 
 STORAGES = {"mcap": StoragePlugin.MCAP, "sqlite3": StoragePlugin.SQLITE3}
 #: message definitions of the standard types (sensor_msgs, std_msgs, ...), as the ROS 2 wheels in .venv have them
@@ -58,29 +59,6 @@ class TopicQos:
 
 #: qos_profile_sensor_data (the simulator's and cameras' topics)
 SENSOR_DATA_QOS = TopicQos(reliable=False, depth=5)
-
-
-def check_output(path: str | Path, storage: str = "mcap") -> Path:
-    """The output path, checked: ValueError (one line) when it exists, its directory is missing or
-    not writable, or the storage does not suit it; nothing is created."""
-    out = Path(path)
-    if storage not in STORAGES:
-        raise ValueError(f"unknown bag storage {storage!r}; choose one of {sorted(STORAGES)}")
-    if out.suffix == ".mcap" and storage != "mcap":
-        raise ValueError(f"{out}: a .mcap output is an MCAP file; give a directory name for a {storage} bag")
-    if out.suffix in (".db3", ".bag"):
-        raise ValueError(f"{out}: write a {out.suffix} bag as a rosbag2 directory (a name without {out.suffix})")
-    if out.exists() or out.is_symlink():
-        raise ValueError(f"{out} exists already; not overwriting (choose a new name)")
-    parent = out.parent if str(out.parent) else Path(".")
-    if not parent.is_dir():
-        raise ValueError(f"{out}: directory {parent} does not exist")
-    try:  # a real probe: permission bits say nothing for root, nor about read-only or special file systems
-        with tempfile.TemporaryFile(dir=parent):
-            pass
-    except OSError as exc:
-        raise ValueError(f"{out}: directory {parent} is not writable ({exc.strerror or exc})") from None
-    return out
 
 
 class BagWriter:

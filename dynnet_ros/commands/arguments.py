@@ -3,21 +3,22 @@
 Each function parses one command-line value or raises ``argparse.ArgumentTypeError`` with the
 reason. Given as ``type=`` they make argparse reject bad input while it parses — before a
 command builds a model or starts a worker — with the sub-command's usage and the argument's
-name (``dynnet swap bench: error: argument --size: …``, exit status 2).
+name (``dynnet swap bench: error: argument --size: …``, exit status 2). The types a supervisor's
+own arguments need are in ``basic_arguments`` (no engine, no mapper) and re-exported here.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import re
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
-from dynnet_ros.bags.writer import check_output
 from dynnet_ros.commands import CommandError
+from dynnet_ros.commands.basic_arguments import _argument_error, _Error, _integer
+from dynnet_ros.commands.basic_arguments import bag_output as bag_output
+from dynnet_ros.commands.basic_arguments import existing_dir as existing_dir
+from dynnet_ros.commands.basic_arguments import ros_namespace as ros_namespace
+from dynnet_ros.commands.basic_arguments import tcp_port as tcp_port
 from dynnet_ros.engine.model_io import input_specs, load_model
-from dynnet_ros.graph_config import validate_namespace
 from dynnet_ros.mapper.runtime_cache import read_costs_file
 from dynnet_ros.mapper.system_model import RuntimeCosts
 from dynnet_ros.sim.frames import parse_resolution
@@ -27,9 +28,6 @@ from dynnet_ros.zoo import MODEL_NAMES
 #: the zoo models need it (five stride-2 stages).
 INPUT_MULTIPLE = 32
 
-_Error = argparse.ArgumentTypeError
-_In = TypeVar("_In")
-_Out = TypeVar("_Out")
 
 
 def model_spec(text: str) -> str:
@@ -53,14 +51,6 @@ def model_spec(text: str) -> str:
     return text
 
 
-def _integer(text: str, low: int, what: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise _Error(f"{text!r} is not an integer") from None
-    if value < low:
-        raise _Error(f"{value} must be {what}")
-    return value
 
 
 def positive_int(text: str) -> int:
@@ -73,20 +63,8 @@ def nonnegative_int(text: str) -> int:
     return _integer(text, 0, ">= 0")
 
 
-def tcp_port(text: str) -> int:
-    """A TCP port, 0..65535 (0 = any free port)."""
-    port = _integer(text, 0, ">= 0")
-    if port > 65535:
-        raise _Error(f"{port} is not a TCP port (0..65535)")
-    return port
 
 
-def _argument_error(check: Callable[[_In], _Out], value: _In) -> _Out:
-    """``check(value)``, its ValueError reported as argparse reports a refused argument."""
-    try:
-        return check(value)
-    except ValueError as exc:
-        raise _Error(str(exc)) from None
 
 
 def _number(text: str) -> float:
@@ -179,9 +157,6 @@ def output_file(text: str) -> Path:
     return path
 
 
-def bag_output(text: str) -> Path:
-    """A bag to create: a new ``.mcap`` file or rosbag2 directory in a writable directory."""
-    return _argument_error(check_output, text)
 
 
 def camera_resolutions(text: str) -> tuple[str, ...]:
@@ -205,12 +180,6 @@ def output_dir(text: str) -> Path:
     return path
 
 
-def existing_dir(text: str) -> Path:
-    """A directory that exists."""
-    path = Path(text)
-    if not path.is_dir():
-        raise _Error(f"{text}: no such directory")
-    return path
 
 
 def fraction(text: str) -> float:
@@ -221,9 +190,6 @@ def fraction(text: str) -> float:
     return value
 
 
-def ros_namespace(text: str) -> str:
-    """A ROS namespace: '' (none) or /name[/name...]; a missing leading slash is added."""
-    return _argument_error(validate_namespace, text)
 
 
 def existing_file(text: str) -> Path:

@@ -31,7 +31,7 @@ from dynnet_ros.commands.bag_player import ACK_WAIT_S, BagPlayer
 from dynnet_ros.commands.up import GraphRunner, StopRequest, load_config
 from dynnet_ros.graph_config import GraphConfig, fq_node_name, recorder_process
 from dynnet_ros.nodes.message_types import message_class
-from dynnet_ros.nodes.recorder import wait_for_recorder
+from dynnet_ros.nodes.recording_graph import wait_for_recorder
 
 NAME = "replay"
 HELP = "play a rosbag2 (sqlite3/MCAP) or ROS 1 bag into the vehicle graph on the bag's time (/clock)"

@@ -45,8 +45,8 @@ import yaml
 from dynnet_ros.budget.oom import MemorySignals, oom_evidence, process_cgroup, read_signals
 from dynnet_ros.budget.protocol import BUDGET_PARAM, OWNER_PARAM, NodeEvent
 from dynnet_ros.commands import CommandError
-from dynnet_ros.commands.arguments import bag_output, existing_dir, ros_namespace, tcp_port
-from dynnet_ros.commands.size_classes import prepare_graph_models
+from dynnet_ros.commands.basic_arguments import bag_output, existing_dir, ros_namespace, tcp_port
+from dynnet_ros.commands.preflight import check_in_child, measure_in_child
 from dynnet_ros.graph_config import (
     GraphConfig,
     ProcessSpec,
@@ -61,10 +61,9 @@ from dynnet_ros.graph_config import (
     validate_namespace,
     view_process,
 )
-from dynnet_ros.nodes.parameter_check import check_graph_parameters
-from dynnet_ros.nodes.recorder import unrecorded_inputs
+from dynnet_ros.nodes.recording_graph import unrecorded_inputs
 from dynnet_ros.nodes.supervisor_link import SupervisorLink
-from dynnet_ros.view.server import DEFAULT_PORT
+from dynnet_ros.view import DEFAULT_PORT
 
 NAME = "up"
 HELP = "start the vehicle graph (config/vehicle.yaml) as separate processes; Ctrl-C stops it"
@@ -203,8 +202,9 @@ class GraphRunner:
 
     def prepare_models(self) -> None:
         """Build the zoo models the graph uses and measure each model's footprint at its size
-        classes, one model at a time, before the nodes race to do both at once."""
-        prepare_graph_models(self.nodes, lambda message: self._report("INFO", message))
+        classes, one model at a time, before the nodes race to do both at once (in a child: the
+        supervisor never loads the engine)."""
+        measure_in_child(self.nodes, lambda message: self._report("INFO", message))
 
     def commands(self) -> list[tuple[ProcessSpec, list[str]]]:
         """Each node's argv, its parameters written to the params file the argv names."""
@@ -543,9 +543,11 @@ class StopRequest:
 
 def load_config(path: Path | None) -> GraphConfig:
     """The graph config, its parameters checked against what each node declares (ValueError
-    naming the file, node, parameter and reason: nothing is started)."""
-    graph = load_graph(path if path is not None else default_config_path())
-    check_graph_parameters(graph, graph.source)
+    naming the file, node, parameter and reason: nothing is started). The check runs in a child
+    (``preflight``): what each node declares lives in the node modules, which import the engine."""
+    path = path if path is not None else default_config_path()
+    graph = load_graph(path)
+    check_in_child(path)
     return graph
 
 

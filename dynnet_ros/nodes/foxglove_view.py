@@ -31,6 +31,7 @@ from dynnet_ros.nodes import diagnostics as diag
 from dynnet_ros.nodes.base import ParamSpec, declare, run_node, steady_timer
 from dynnet_ros.nodes.convert import image_to_array
 from dynnet_ros.sim.scene import camera_matrix
+from dynnet_ros.view import DEFAULT_PORT
 from dynnet_ros.view.cameras import CameraModels
 from dynnet_ros.view.convert import (
     Stamp,
@@ -41,7 +42,7 @@ from dynnet_ros.view.convert import (
     plane_boxes,
     raw_image,
 )
-from dynnet_ros.view.server import DEFAULT_PORT, LOOPBACK_HOST, LiveView, ViewTopics
+from dynnet_ros.view.server import LOOPBACK_HOST, LiveView, ViewTopics
 
 #: seconds between attempts to bind a port that was busy
 BIND_RETRY_S = 2.0

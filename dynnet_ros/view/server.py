@@ -13,7 +13,6 @@ import foxglove
 from foxglove.channels import CameraCalibrationChannel, ImageAnnotationsChannel, RawImageChannel
 
 LOOPBACK_HOST = "127.0.0.1"
-DEFAULT_PORT = 8765
 SERVER_NAME = "dynnet_ros"
 
 
