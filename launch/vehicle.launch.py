@@ -7,15 +7,15 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, OpaqueFunction, SetEnvironmentVariable
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
-from dynnet_ros.commands.size_classes import prepare_graph_models
+from dynnet_ros.commands.preflight import check_in_child, measure_in_child
 from dynnet_ros.graph_config import PACKAGE, default_config_path, graph_processes, load_graph
-from dynnet_ros.nodes.parameter_check import check_graph_parameters
 
 
 def _default_config() -> str:
@@ -41,13 +41,15 @@ def _nodes(context, *args, **kwargs):
     """
     path = LaunchConfiguration("config").perform(context)
     graph = load_graph(path)
-    check_graph_parameters(graph, path)  # a bad value stops the launch here, naming file, node and parameter
+    # a bad value stops the launch here, naming file, node and parameter (checked in a child, as
+    # the measurements below: the launch process, alive as long as the graph, never loads the engine)
+    check_in_child(Path(path))
     use_sim = LaunchConfiguration("use_sim").perform(context).strip().lower() == "true"
     namespace = LaunchConfiguration("namespace").perform(context).strip()
     processes = graph_processes(graph, use_sim, namespace)
     # each model's footprint per size class, measured one model at a time before the nodes start
     # (seconds on a machine's first start, cached after): the nodes then serve at once
-    prepare_graph_models(processes, lambda message: print(f"[vehicle.launch.py] {message}", flush=True))
+    measure_in_child(processes, lambda message: print(f"[vehicle.launch.py] {message}", flush=True))
     return [
         Node(package=PACKAGE, executable=process.executable, name=process.name,
              namespace=process.namespace or None, output="screen",
