@@ -29,7 +29,7 @@ setup(
     ],
     # Runtime Python deps (pinned in requirements.txt; package.xml lists the rosdep keys).
     install_requires=["setuptools", "numpy", "onnx", "onnxruntime", "PyYAML", "psutil", "rich", "matplotlib",
-                      "pymoo", "xgboost-cpu", "rosbags", "foxglove-sdk"],
+                      "pymoo", "xgboost-cpu", "rosbags", "foxglove-sdk", "Pillow", "simplejpeg"],
     python_requires=">=3.10, <3.14",
     zip_safe=True,
     maintainer="dynnet_ros maintainers",

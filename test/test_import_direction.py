@@ -28,6 +28,7 @@ LAYERS: dict[str, int] = {
     "dynnet_ros.hostcaps": 0,
     "dynnet_ros.geometry": 0,
     "dynnet_ros.layouts": 0,
+    "dynnet_ros.compressed": 0,
     "dynnet_ros.memory": 0,
     "dynnet_ros.engine.procmem": 0,
     "dynnet_ros.engine.memtrim": 0,

@@ -52,6 +52,8 @@ PYTHON_DEPENDENCIES = {
     "xgboost": PythonDependency("python3-xgboost-cpu-pip", "xgboost-cpu"),  # the same
     "rosbags": PythonDependency("python3-rosbags-pip", "rosbags"),
     "foxglove": PythonDependency("python3-foxglove-sdk-pip", "foxglove-sdk"),  # no key in rosdistro: ours
+    "PIL": PythonDependency("python3-pil", "Pillow"),
+    "simplejpeg": PythonDependency("python3-simplejpeg-pip", "simplejpeg"),  # rosdistro's pip rule
 }
 # Imported only by the tests: the rosdep key package.xml lists as a test_depend.
 TEST_KEYS = {"pytest": "python3-pytest", "hypothesis": "python3-hypothesis", "catkin_pkg": "python3-catkin-pkg",

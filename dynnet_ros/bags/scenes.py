@@ -4,7 +4,10 @@ Why: tests and users need a bag made by our own code (``dynnet sim --record``) t
 the graph exactly like the live ``sensor_sim`` node feeds it. Frames come from the same renderer
 (``sim/frames.render_frame``) with the same topics, frame_ids, encodings and field layouts
 (``layouts.py``); only the clock differs: frame ``i`` is stamped ``start_ns + i / rate_hz``
-instead of the wall clock, so the same settings and seed always give the same bag.
+instead of the wall clock, so the same settings and seed always give the same bag. With
+``compress`` the camera goes out as image_transport's compressed plugin publishes it:
+sensor_msgs/CompressedImage (JPEG or PNG, ``dynnet_ros.compressed``) on
+``/camera/image_raw/compressed``, what most robots record.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import numpy as np
 from rosbags.typesys.store import Typestore
 
 from dynnet_ros.bags.writer import SENSOR_DATA_QOS, BagWriter, TopicQos, standard_typestore
+from dynnet_ros.compressed import compressed_topic, encode_rgb8
 from dynnet_ros.layouts import (
     HOST_BIG_ENDIAN,
     POINT_FIELD_FLOAT32,
@@ -37,6 +41,17 @@ SIM_TOPICS: dict[str, tuple[str, TopicQos]] = {
     IMAGE_TOPIC: ("sensor_msgs/msg/Image", SENSOR_DATA_QOS),
     CLOUD_TOPIC: ("sensor_msgs/msg/PointCloud2", SENSOR_DATA_QOS),
 }
+COMPRESSED_TOPIC = compressed_topic(IMAGE_TOPIC)
+
+
+def sim_topics(compress: str | None = None) -> dict[str, tuple[str, TopicQos]]:
+    """topic -> (message type, QoS) of a recording, the camera compressed with ``compress``
+    ('jpeg', 'png') or raw (None)."""
+    if compress is None:
+        return dict(SIM_TOPICS)
+    return {(COMPRESSED_TOPIC if topic == IMAGE_TOPIC else topic):
+            (("sensor_msgs/msg/CompressedImage", qos) if topic == IMAGE_TOPIC else (msgtype, qos))
+            for topic, (msgtype, qos) in SIM_TOPICS.items()}
 
 
 @dataclass(frozen=True)
@@ -70,14 +85,17 @@ class SceneSerializer:
     """Builds each frame's three messages with rosbags' types and serialises them to CDR."""
 
     def __init__(self, settings: SimSettings, typestore: Typestore | None = None,
-                 start_ns: int = DEFAULT_START_NS) -> None:
+                 start_ns: int = DEFAULT_START_NS, compress: str | None = None) -> None:
         self.settings = settings
         self.start_ns = start_ns
+        self.compress = compress
+        self.topics = sim_topics(compress)
         self.typestore = typestore or standard_typestore()
         types = self.typestore.types
         self._time = types["builtin_interfaces/msg/Time"]
         self._header = types["std_msgs/msg/Header"]
         self._image = types["sensor_msgs/msg/Image"]
+        self._compressed = types["sensor_msgs/msg/CompressedImage"]
         self._info = types["sensor_msgs/msg/CameraInfo"]
         self._roi = types["sensor_msgs/msg/RegionOfInterest"]
         self._cloud = types["sensor_msgs/msg/PointCloud2"]
@@ -98,10 +116,7 @@ class SceneSerializer:
                           r=np.asarray(calib["r"], dtype=np.float64), p=np.asarray(calib["p"], dtype=np.float64),
                           binning_x=0, binning_y=0,
                           roi=self._roi(x_offset=0, y_offset=0, height=0, width=0, do_rectify=False))
-        pixels, step = pack_image(frame.image, s.encoding)
-        image = self._image(header=camera, height=frame.height, width=frame.width, encoding=s.encoding,
-                            is_bigendian=int(HOST_BIG_ENDIAN), step=step,
-                            data=np.frombuffer(pixels.tobytes(), dtype=np.uint8))
+        image_topic, image = self._camera(frame, camera)
         packed = pack_xyzi(frame.points)
         fields = [self._field(name=name, offset=4 * i, datatype=POINT_FIELD_FLOAT32, count=1)
                   for i, name in enumerate(XYZI_FIELDS)]
@@ -110,32 +125,45 @@ class SceneSerializer:
                             row_step=XYZI_DTYPE.itemsize * len(packed),
                             data=np.frombuffer(packed.tobytes(), dtype=np.uint8), is_dense=xyzi_dense(packed))
         serialize = self.typestore.serialize_cdr
-        return [BagMessage(INFO_TOPIC, stamp, bytes(serialize(info, SIM_TOPICS[INFO_TOPIC][0]))),
-                BagMessage(IMAGE_TOPIC, stamp, bytes(serialize(image, SIM_TOPICS[IMAGE_TOPIC][0]))),
-                BagMessage(CLOUD_TOPIC, stamp, bytes(serialize(cloud, SIM_TOPICS[CLOUD_TOPIC][0])))]
+        return [BagMessage(INFO_TOPIC, stamp, bytes(serialize(info, self.topics[INFO_TOPIC][0]))),
+                BagMessage(image_topic, stamp, bytes(serialize(image, self.topics[image_topic][0]))),
+                BagMessage(CLOUD_TOPIC, stamp, bytes(serialize(cloud, self.topics[CLOUD_TOPIC][0])))]
+
+    def _camera(self, frame: SimFrame, header) -> tuple[str, object]:
+        """The camera message of ``frame``: (topic, message), raw or compressed."""
+        s = self.settings
+        if self.compress is not None:
+            data, fmt = encode_rgb8(frame.image, self.compress, encoding=s.encoding)
+            return COMPRESSED_TOPIC, self._compressed(header=header, format=fmt,
+                                                      data=np.frombuffer(data, dtype=np.uint8))
+        pixels, step = pack_image(frame.image, s.encoding)
+        return IMAGE_TOPIC, self._image(header=header, height=frame.height, width=frame.width, encoding=s.encoding,
+                                        is_bigendian=int(HOST_BIG_ENDIAN), step=step,
+                                        data=np.frombuffer(pixels.tobytes(), dtype=np.uint8))
 
 
 def scene_messages(settings: SimSettings, count: int, *, start_ns: int = DEFAULT_START_NS,
-                   typestore: Typestore | None = None) -> Iterator[list[BagMessage]]:
+                   typestore: Typestore | None = None, compress: str | None = None) -> Iterator[list[BagMessage]]:
     """The messages of frames 0..count-1, one frame at a time (nothing is held beyond a frame)."""
-    serializer = SceneSerializer(settings, typestore, start_ns)
+    serializer = SceneSerializer(settings, typestore, start_ns, compress)
     for index in range(count):
         yield serializer.messages(render_frame(settings, index, index / settings.rate_hz))
 
 
 def record_scenes(path: str | Path, settings: SimSettings, count: int, *, storage: str = "mcap",
-                  start_ns: int = DEFAULT_START_NS,
-                  on_frame: Callable[[int], None] | None = None) -> dict[str, int]:
+                  start_ns: int = DEFAULT_START_NS, on_frame: Callable[[int], None] | None = None,
+                  compress: str | None = None) -> dict[str, int]:
     """Write ``count`` simulator frames into a new bag at ``path``; returns messages per topic.
+    ``compress``: 'jpeg' or 'png' writes the camera as CompressedImage (``sim_topics``).
 
     ``on_frame(index)`` is called after each frame is written (a progress bar). An error or an
     interrupt removes the partial bag.
     """
     with BagWriter(path, storage=storage) as bag:
-        for topic, (msgtype, qos) in SIM_TOPICS.items():
+        for topic, (msgtype, qos) in sim_topics(compress).items():
             bag.add_topic(topic, msgtype, qos)
         for index, messages in enumerate(scene_messages(settings, count, start_ns=start_ns,
-                                                        typestore=bag.typestore)):
+                                                        typestore=bag.typestore, compress=compress)):
             for message in messages:
                 bag.write(message.topic, message.stamp_ns, message.data)
             if on_frame is not None:

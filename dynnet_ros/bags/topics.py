@@ -12,15 +12,19 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from dynnet_ros.bags.progress import FRAMES_TOPIC
+
 #: the graph's sensor topics (relative to its namespace) -> their role
 SENSOR_ROLES: dict[str, str] = {
     "camera/image_raw": "camera",
+    "camera/image_raw/compressed": "compressed camera",
     "camera/camera_info": "camera_info",
     "lidar/points": "lidar",
 }
 #: the message type each role must have
 ROLE_TYPES: dict[str, str] = {
     "camera": "sensor_msgs/msg/Image",
+    "compressed camera": "sensor_msgs/msg/CompressedImage",
     "camera_info": "sensor_msgs/msg/CameraInfo",
     "lidar": "sensor_msgs/msg/PointCloud2",
 }
@@ -123,6 +127,9 @@ def plan_topics(bag: str, topics: Mapping[str, BagTopic], requested: Iterable[st
         topic = topics[name]
         target = prefix + rules.get(name, name)
         role = roles.get(target)
+        if target == f"{prefix}/{FRAMES_TOPIC}":  # a recording of a replay: the live nodes report their own
+            skipped.append((name, "the model nodes of the graph publish their own frame reports there"))
+            continue
         if role is not None and topic.msgtype != ROLE_TYPES[role]:
             raise ValueError(f"bag {bag}: topic {name} (played as {target}, the graph's {role} topic) has type "
                              f"{topic.msgtype or 'unknown'}; the {role} topic must be {ROLE_TYPES[role]}")

@@ -3,7 +3,10 @@
 The ROS half of ``dynnet replay`` (and ``dynnet demo --bag``); the bag itself is read, checked and
 paced by the ROS-free ``dynnet_ros.bags``. Messages go out as the serialized bytes the bag holds
 (rclpy publishes ``bytes`` as a serialized message), so playing costs no message objects and
-the headers' stamps are exactly the recorded ones. The graph's nodes run with
+the headers' stamps are exactly the recorded ones. The model nodes report what became of each
+camera frame on ``dynnet/frames`` (``bags.progress``); the player counts those reports and, when
+told which nodes read which camera topic (``pace``), holds each camera frame until those nodes
+have finished the previous one, so no frame is dropped in a node's one-frame mailbox. The graph's nodes run with
 ``use_sim_time``: /clock carries the bag's time from the first message on, and keeps running at
 the replay rate after the last one until the player closes, so the nodes' timers (diagnostics,
 budget profiles) keep ticking while they finish their last frames.
@@ -17,13 +20,16 @@ from collections.abc import Callable, Iterable
 
 import rclpy
 from rclpy.duration import Duration
+from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.publisher import Publisher
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.signals import SignalHandlerOptions
 from rosgraph_msgs.msg import Clock
+from std_msgs.msg import String
 
 from dynnet_ros.bags.pacing import NS, Pacing, Step
+from dynnet_ros.bags.progress import FRAME_TYPES, FRAMES_TOPIC, FrameLedger, FrameOutcome, header_stamp_ns
 from dynnet_ros.bags.topics import TopicPlan
 from dynnet_ros.nodes.message_types import message_class
 
@@ -40,6 +46,9 @@ CLOCK_QOS = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE)
 #: how long the player waits, once the bag is played, for its reliable subscribers to acknowledge
 #: every message (``BagPlayer.wait_for_acks``)
 ACK_WAIT_S = 10.0
+#: how long a camera frame waits, at most, for the model nodes to finish the previous one (a node
+#: that crashed is restarted meanwhile); after that it goes out and the report shows the loss
+FRAME_WAIT_S = 60.0
 
 
 def ns_to_time(stamp_ns: int) -> tuple[int, int]:
@@ -48,12 +57,14 @@ def ns_to_time(stamp_ns: int) -> tuple[int, int]:
 
 class BagPlayer:
     """Publishers for a plan's topics and /clock on a node of its own (its own rclpy context,
-    no signal handlers: the command handles Ctrl-C). Nothing to spin: it only publishes and
-    asks the graph who subscribes."""
+    no signal handlers: the command handles Ctrl-C), and a subscription to the model nodes'
+    frame reports under ``namespace``, spun on a thread of its own."""
 
-    def __init__(self, plan: TopicPlan, pacing: Pacing, name: str = "dynnet_replay") -> None:
+    def __init__(self, plan: TopicPlan, pacing: Pacing, name: str = "dynnet_replay", namespace: str = "",
+                 frame_wait_s: float = FRAME_WAIT_S) -> None:
         self.plan = plan
         self.pacing = pacing
+        self.frame_wait_s = frame_wait_s
         self.context = rclpy.Context()
         rclpy.init(context=self.context, signal_handler_options=SignalHandlerOptions.NO)
         self.node: Node = rclpy.create_node(name, context=self.context)
@@ -67,6 +78,83 @@ class BagPlayer:
         self.published: Counter[str] = Counter()  # target topic -> messages published
         self.clock_ns: int | None = None  # the last /clock value published
         self.passes = 0
+        self.frame_topics = {t.target for t in plan.played if t.msgtype in FRAME_TYPES}
+        self.ledger = FrameLedger({})
+        self.late: Counter[str] = Counter()  # node -> frames sent before it finished the previous one
+        self.bad_reports = 0
+        self._last_frame: dict[str, int] = {}  # camera topic -> stamp of the frame played last
+        self._hold = False  # camera frames wait for the readers (``pace``)
+        self._ledger_lock = threading.Condition()
+        self.node.create_subscription(String, f"{namespace.rstrip('/')}/{FRAMES_TOPIC}", self._on_report,
+                                      QoSProfile(depth=100))
+        self._executor = SingleThreadedExecutor(context=self.context)
+        self._executor.add_node(self.node)
+        self._closing = threading.Event()
+        self._spinner = threading.Thread(target=self._spin, name=f"{name}-reports", daemon=True)
+        self._spinner.start()
+
+    def _spin(self) -> None:
+        try:
+            while self.context.ok() and not self._closing.is_set():
+                self._executor.spin_once(timeout_sec=0.1)
+        except Exception:  # noqa: BLE001 — the context was shut down while spinning
+            pass
+
+    def _on_report(self, msg: String) -> None:
+        try:
+            report = FrameOutcome.from_json(msg.data)
+        except ValueError:
+            self.bad_reports += 1
+            return
+        with self._ledger_lock:
+            self.ledger.reported(report)
+            self._ledger_lock.notify_all()
+
+    def frame_readers(self, nodes: Iterable[str]) -> dict[str, list[str]]:
+        """Camera topic played -> the nodes (fully qualified) among ``nodes`` subscribed to it."""
+        readers: dict[str, list[str]] = {}
+        for node in nodes:
+            namespace, _, name = node.rpartition("/")
+            try:
+                topics = self.node.get_subscriber_names_and_types_by_node(name, namespace or "/")
+            except Exception:  # noqa: BLE001 — rclpy raises NodeNameNonExistentError for a node that is gone
+                continue
+            for topic, _types in topics:
+                if topic in self.frame_topics:
+                    readers.setdefault(topic, []).append(node)
+        return readers
+
+    def pace(self, readers: dict[str, list[str]], hold: bool = True) -> None:
+        """Count the frames of ``readers`` (camera topic -> nodes) in the report, and with
+        ``hold`` keep each camera frame until those nodes have finished the previous one."""
+        with self._ledger_lock:
+            self.ledger.readers = {topic: list(nodes) for topic, nodes in readers.items()}
+            self._hold = hold
+
+    def wait_for_frames(self, stop: threading.Event, topics: Iterable[str] | None = None,
+                        timeout_s: float | None = None) -> dict[str, list[str]]:
+        """Wait until the paced nodes have finished the last frame played on each of ``topics``
+        (default: every camera topic), for at most ``timeout_s`` (default ``frame_wait_s``) in
+        all; returns topic -> nodes still busy with it."""
+        deadline = time.monotonic() + (self.frame_wait_s if timeout_s is None else timeout_s)
+        wanted = [t for t in (self._last_frame if topics is None else topics) if t in self._last_frame]
+
+        def busy() -> dict[str, list[str]]:
+            found = {t: self.ledger.waiting_for(t, self._last_frame[t]) for t in wanted}
+            return {t: nodes for t, nodes in found.items() if nodes}
+
+        with self._ledger_lock:
+            while (waiting := busy()) and not stop.is_set():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._ledger_lock.wait(min(remaining, 0.1))
+            return waiting
+
+    def frame_counts(self):
+        """(node, camera topic) -> ``FrameCounts`` so far."""
+        with self._ledger_lock:
+            return self.ledger.counts()
 
     def subscribed(self, node: str) -> bool:
         """Whether the fully qualified ``node`` subscribes to any of the played topics."""
@@ -126,14 +214,31 @@ class BagPlayer:
                 return False
             if stop.is_set():
                 return False
+            message = step.message
+            if message is not None and message.topic in self.frame_topics and self._hold:
+                for node in self.wait_for_frames(stop, [message.topic]).get(message.topic, []):
+                    self.late[node] += 1
+                if stop.is_set():
+                    return False
             self.publish_clock(step.clock_ns)
-            if step.message is not None:
-                self._publishers[step.message.topic].publish(step.message.data)
-                self.published[step.message.topic] += 1
+            if message is not None:
+                self._publishers[message.topic].publish(message.data)
+                self.published[message.topic] += 1
+                if message.topic in self.frame_topics:
+                    self._note_frame(message.topic, message.data)
             self.passes = step.loop + 1
             if on_step is not None:
                 on_step(step)
         return True
+
+    def _note_frame(self, topic: str, data: bytes) -> None:
+        try:
+            stamp = header_stamp_ns(data)
+        except ValueError:
+            return
+        with self._ledger_lock:
+            self.ledger.published(topic, stamp)
+            self._last_frame[topic] = stamp
 
     def keep_clock(self, stop: threading.Event, seconds: float | None) -> None:
         """Keep /clock advancing from its last value at the replay rate, ``pacing.clock_hz`` times
@@ -165,7 +270,10 @@ class BagPlayer:
         return waiting
 
     def close(self) -> None:
+        self._closing.set()
+        self._spinner.join(timeout=5.0)  # a node destroyed under a spinning executor aborts the process
         try:
+            self._executor.shutdown(timeout_sec=1.0)
             self.node.destroy_node()
         finally:
             if self.context.ok():

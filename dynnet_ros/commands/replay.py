@@ -6,6 +6,13 @@ LiDAR topics (and any other topic whose type ROS knows) as recorded, paced by th
 timestamps / ``--rate``, with /clock carrying the bag's time. With ``--no-graph`` only the
 playing happens, into whatever graph is running (as ``ros2 bag play`` would).
 
+Nothing is lost by default: the model nodes it starts read the played topics over reliable,
+transient-local links (QoS overrides), and each camera frame waits until every model node has
+finished the previous one (their reports on ``dynnet/frames``), so a replay is paced by the
+slowest node when the bag's clock is faster. The report lists, per node and camera topic,
+frames published / received / processed / dropped / failed; a lost frame is a warning, and exit
+status 1 with ``--strict``. ``--realtime`` plays on the bag's clock alone, as a live camera would.
+
 The bag is opened and its topics checked before anything starts, so a missing, truncated or
 corrupt bag, a requested topic it lacks or a sensor topic of the wrong type is one error line
 (exit status 2); damage found halfway through the bag stops the replay with the same line.
@@ -17,6 +24,7 @@ import json
 import os
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +34,24 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from dynnet_ros.bags.pacing import Pacing, Step, loop_period_ns, paced_steps
 from dynnet_ros.bags.reader import BAG_FORMS, Bag
 from dynnet_ros.bags.topics import Remap, TopicPlan, parse_remap
+from dynnet_ros.bags.writer import standard_typestore
 from dynnet_ros.commands import CommandError, arguments
-from dynnet_ros.commands.bag_player import ACK_WAIT_S, BagPlayer
+from dynnet_ros.commands.bag_player import ACK_WAIT_S, FRAME_WAIT_S, BagPlayer
 from dynnet_ros.commands.up import GraphRunner, StopRequest, load_config
-from dynnet_ros.graph_config import GraphConfig, fq_node_name, recorder_process
+from dynnet_ros.graph_config import GraphConfig, ProcessSpec, fq_node_name, recorder_process
 from dynnet_ros.nodes.message_types import message_class
 from dynnet_ros.nodes.recording_graph import wait_for_recorder
 
 NAME = "replay"
 HELP = "play a rosbag2 (sqlite3/MCAP) or ROS 1 bag into the vehicle graph on the bag's time (/clock)"
 
+#: the model nodes' executables: they read the played sensor topics reliably and pace the camera frames
+MODEL_EXECUTABLES = ("lane_node", "pedestrian_node", "depth_node")
 #: executables that subscribe to the sensor topics: playing starts once each of them does
-SENSOR_CONSUMERS = ("lane_node", "pedestrian_node", "depth_node", "recorder")
+SENSOR_CONSUMERS = (*MODEL_EXECUTABLES, "recorder")
+#: the QoS override that makes a model node's link to a played topic lossless: reliable (nothing lost
+#: in transport), transient-local (a frame sent before DDS matched the subscription still arrives)
+LOSSLESS_LINK = {"reliability": "reliable", "durability": "transient_local"}
 #: a graph whose model nodes do not all subscribe within this long ends the replay with status 1
 STARTUP_TIMEOUT_S = 240.0
 #: how long playing waits, with --record, for the recorder to follow every topic of the graph
@@ -68,6 +82,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--record", type=arguments.bag_output, default=None, metavar="OUT",
                         help="record the played topics and every output of the graph on the bag's time: OUT.mcap = "
                              "one MCAP file, any other name = a rosbag2 directory (docs/bags.md)")
+    parser.add_argument("--realtime", action="store_true",
+                        help="play on the bag's clock alone, as a live camera would: a frame a busy model node "
+                             "cannot take is dropped (and reported); default: each camera frame waits until every "
+                             "model node finished the previous one")
+    parser.add_argument("--frame-timeout", type=arguments.positive_float, default=FRAME_WAIT_S, metavar="S",
+                        help="how long a camera frame waits, at most, for the model nodes to finish the previous "
+                             f"one (default {FRAME_WAIT_S:g})")
+    parser.add_argument("--strict", action="store_true",
+                        help="exit with status 1 when a model node did not process every camera frame played")
     parser.add_argument("--json", type=arguments.output_file, default=None, metavar="FILE",
                         help="write what was played (messages per topic, passes, exit codes) as JSON")
 
@@ -97,6 +120,31 @@ def open_checked(path: str, topics: list[str] | None = None, remaps: tuple[Remap
 def model_nodes(runner: GraphRunner) -> list[str]:
     """Fully qualified names of the graph's nodes that consume the sensor topics."""
     return [fq_node_name(n) for n in runner.nodes if n.executable in SENSOR_CONSUMERS]
+
+
+def camera_transport(node: ProcessSpec, plan: TopicPlan) -> ProcessSpec:
+    """``node`` reading the camera the way the bag has it: a model node whose config leaves
+    ``image_transport`` unset takes ``compressed`` when the bag plays the compressed camera topic
+    and not the raw one (a robot's usual recording)."""
+    roles = {topic.role for topic in plan.played}
+    if node.executable not in MODEL_EXECUTABLES or "image_transport" in node.parameters \
+            or "compressed camera" not in roles or "camera" in roles:
+        return node
+    return replace(node, parameters={**node.parameters, "image_transport": "compressed"})
+
+
+def lossless_links(node: ProcessSpec, plan: TopicPlan) -> ProcessSpec:
+    """``node`` with reliable, transient-local subscriptions to every played topic (QoS override
+    parameters; an override the graph config sets for a topic itself is kept). Other nodes, and
+    topics the node does not subscribe to, are left as they are (rclpy reads only the overrides
+    of the topics a node creates)."""
+    if node.executable not in MODEL_EXECUTABLES:
+        return node
+    overrides = {topic: dict(entry) for topic, entry in (node.parameters.get("qos_overrides") or {}).items()}
+    for topic in plan.played:
+        entry = overrides.setdefault(topic.target, {})
+        entry["subscription"] = {**LOSSLESS_LINK, **(entry.get("subscription") or {})}
+    return replace(node, parameters={**node.parameters, "qos_overrides": overrides})
 
 
 class Supervision:
@@ -190,6 +238,14 @@ def replay(args: argparse.Namespace, bag: Bag, plan: TopicPlan, pacing: Pacing, 
     console = Console()
     runner = None if config is None else GraphRunner(config, use_sim=False, namespace=args.namespace,
                                                      ros_link=True, sim_time=True)
+    if runner is not None:
+        configured = runner.nodes
+        runner.nodes = [lossless_links(camera_transport(node, plan), plan) for node in configured]
+        switched = [new.name for old, new in zip(configured, runner.nodes)
+                    if new.parameters.get("image_transport") != old.parameters.get("image_transport")]
+        if switched:
+            print(f"dynnet replay: {', '.join(switched)} take image_transport=compressed: the bag's camera is "
+                  "compressed", flush=True)
     span_s = (bag.end_ns - bag.start_ns) / 1e9
     target = "the ROS graph as it is (--no-graph: no nodes started)" if runner is None or config is None else \
         f"{len(runner.nodes)} nodes from {config.source}"
@@ -198,12 +254,13 @@ def replay(args: argparse.Namespace, bag: Bag, plan: TopicPlan, pacing: Pacing, 
           flush=True)
     status, completed = 0, False
     codes: dict[str, int] = {}
-    player = BagPlayer(plan, pacing)
+    player = BagPlayer(plan, pacing, namespace=args.namespace, frame_wait_s=args.frame_timeout)
     if runner is not None and args.record is not None:  # what the graph and the player publish, on the bag's time
         runner.nodes.append(recorder_process(runner.namespace, args.record, "mcap",
                                              [fq_node_name(n) for n in runner.nodes]
                                              + [player.node.get_fully_qualified_name()], sim_time=True))
     supervision: Supervision | None = None
+    unread_models: list[str] = []  # model nodes subscribed to none of the bag's camera topics
     with StopRequest() as stop:
         try:
             if runner is not None:
@@ -222,8 +279,19 @@ def replay(args: argparse.Namespace, bag: Bag, plan: TopicPlan, pacing: Pacing, 
                     _wait_for_recorder(graph, player, stop.event)
             if status == 0 and not stop.event.is_set():
                 player.wait_for_subscribers(stop.event, DISCOVERY_WAIT_S)
+                if runner is not None:
+                    readers = player.frame_readers(models := [fq_node_name(n) for n in runner.nodes
+                                                              if n.executable in MODEL_EXECUTABLES])
+                    unread = [n for n in models if not any(n in nodes for nodes in readers.values())]
+                    if unread:
+                        print(f"dynnet replay: warning: {', '.join(unread)} read(s) no camera topic the bag plays "
+                              f"({', '.join(sorted(player.frame_topics)) or 'it has none'}); check the remaps "
+                              "and image_transport", file=sys.stderr, flush=True)
+                        unread_models.extend(unread)
+                    player.pace(readers, hold=not args.realtime)
                 completed = play_with_progress(player, bag, plan, stop.event, console)
                 if completed:
+                    player.wait_for_frames(stop.event)
                     unacknowledged = player.wait_for_acks()
                     if unacknowledged:
                         print(f"dynnet replay: warning: subscribers of {', '.join(unacknowledged)} did not "
@@ -238,6 +306,9 @@ def replay(args: argparse.Namespace, bag: Bag, plan: TopicPlan, pacing: Pacing, 
             player.close()
     print(f"dynnet replay: {'played' if completed else 'stopped'}: "
           + ", ".join(f"{topic} {count}" for topic, count in sorted(player.published.items())), flush=True)
+    lost = report_frames(player, args.frame_timeout)
+    if (lost or unread_models) and args.strict:
+        status = max(status, 1)
     if runner is not None:
         status = max(status, int(runner.report_failures("dynnet replay")))
     if args.json is not None:
@@ -245,13 +316,38 @@ def replay(args: argparse.Namespace, bag: Bag, plan: TopicPlan, pacing: Pacing, 
     return status
 
 
+def report_frames(player: BagPlayer, frame_timeout_s: float) -> int:
+    """Print, per model node and camera topic, what became of the frames played, and a warning
+    for every node that did not process them all; returns the frames lost."""
+    counts = player.frame_counts()
+    if not counts:
+        return 0
+    print("dynnet replay: frames per model node and camera topic:", flush=True)
+    for (node, topic), row in counts.items():
+        print(f"  {node} <- {topic}: {row.line()}", flush=True)
+    lost = {key: row for key, row in counts.items() if row.lost}
+    if not lost:
+        print("dynnet replay: every model node processed every frame", flush=True)
+        return 0
+    for (node, topic), row in lost.items():
+        reasons = [f"{row.published - row.received} never arrived" if row.published > row.received
+                   else "", f"{row.dropped} dropped (replaced by a newer frame before the model took it)"
+                   if row.dropped else "", f"{row.failed} failed" if row.failed else "",
+                   f"{player.late[node]} played after waiting {frame_timeout_s:g} s for the node"
+                   if player.late[node] else ""]
+        print(f"dynnet replay: warning: {node} lost {row.lost} of {row.published} frames from {topic}: "
+              + ", ".join(r for r in reasons if r), file=sys.stderr, flush=True)
+    return sum(row.lost for row in lost.values())
+
+
 def _wait_for_recorder(graph: GraphRunner, player: BagPlayer, stop: threading.Event) -> None:
     """Hold the bag until the recorder subscribes to every topic the graph and the player publish,
     so the recording starts with the first played frame and its outputs."""
     recorder = next(fq_node_name(n) for n in graph.nodes if n.executable == "recorder")
     others = [fq_node_name(n) for n in graph.nodes if n.executable != "recorder"]
+    storable = standard_typestore().fielddefs  # what the recorder can write; it skips the rest
     missing = wait_for_recorder(player.node, recorder, [*others, player.node.get_fully_qualified_name()],
-                                stop, RECORDER_WAIT_S)
+                                stop, RECORDER_WAIT_S, storable=lambda msgtype: msgtype in storable)
     if missing is None or missing:
         what = "the recorder is not up" if missing is None else \
             f"the recorder does not subscribe to {', '.join(missing)} yet"
@@ -272,5 +368,7 @@ def summary(bag: Bag, plan: TopicPlan, player: BagPlayer, completed: bool, codes
                               "published": player.published[t.target]} for t in plan.played},
         "skipped": dict(plan.skipped),
         "last_clock_ns": player.clock_ns,
+        "frames": {f"{node} {topic}": {"node": node, "topic": topic, **row.as_dict()}
+                   for (node, topic), row in player.frame_counts().items()},
         "exit_codes": codes,
     }

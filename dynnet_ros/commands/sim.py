@@ -12,9 +12,10 @@ import json
 
 from rich.progress import Progress
 
-from dynnet_ros.bags.scenes import DEFAULT_START_NS, SIM_TOPICS, frame_count, record_scenes
+from dynnet_ros.bags.scenes import DEFAULT_START_NS, frame_count, record_scenes, sim_topics
 from dynnet_ros.bags.writer import STORAGES, check_output
 from dynnet_ros.commands import CommandError, arguments
+from dynnet_ros.compressed import CODECS
 from dynnet_ros.sim.frames import SimSettings
 
 NAME = "sim"
@@ -47,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds at each resolution (default %(default)s)")
     parser.add_argument("--encoding", choices=("rgb8", "bgr8"), default=defaults.encoding,
                         help="camera encoding (default %(default)s)")
+    parser.add_argument("--compress", choices=CODECS, default=None,
+                        help="write the camera as image_transport's compressed plugin publishes it: "
+                             "sensor_msgs/CompressedImage (JPEG or PNG) on /camera/image_raw/compressed")
     parser.add_argument("--pedestrians", type=int, choices=range(6), default=defaults.pedestrians, metavar="0..5",
                         help="pedestrians in the scene (default %(default)s)")
     parser.add_argument("--json", type=arguments.output_file, default=None, metavar="FILE",
@@ -65,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     with Progress(transient=True) as progress:
         bar = progress.add_task(f"recording {out.name}", total=count)
         counts = record_scenes(out, settings, count, storage=args.format,
-                               on_frame=lambda _index: progress.advance(bar))
+                               on_frame=lambda _index: progress.advance(bar), compress=args.compress)
     print(f"dynnet sim: wrote {count} frames ({', '.join(f'{n} {t}' for t, n in counts.items())}) "
           f"to {out}, seed {settings.seed}")
     if args.json is not None:
@@ -74,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
             "rate_hz": settings.rate_hz, "resolutions": list(settings.resolutions),
             "resolution_period_s": settings.resolution_period_s, "encoding": settings.encoding,
             "pedestrians": settings.pedestrians, "start_ns": DEFAULT_START_NS,
-            "topics": {topic: {"type": SIM_TOPICS[topic][0], "messages": n} for topic, n in counts.items()},
+            "compress": args.compress,
+            "topics": {topic: {"type": sim_topics(args.compress)[topic][0], "messages": n}
+                       for topic, n in counts.items()},
         }, indent=2))
     return 0

@@ -67,6 +67,7 @@ class ParamSpec:
     high: float | None = None
     choices: tuple[str, ...] = ()
     check: Callable[[Any], str | None] | None = None
+    read_only: bool = False  # set at start only (rclpy refuses a change at run time)
 
     @property
     def type_key(self):
@@ -85,6 +86,7 @@ class ParamSpec:
         if self.choices:
             constraints.append("one of " + ", ".join(self.choices))
         desc.additional_constraints = "; ".join(constraints)
+        desc.read_only = self.read_only
         return desc
 
     def check_file_value(self, value: Any) -> str | None:

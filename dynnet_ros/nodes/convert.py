@@ -1,16 +1,18 @@
 """sensor_msgs <-> numpy without cv_bridge.
 
 cv_bridge needs OpenCV and a compiled ROS package; these few encodings are simple enough to
-do with numpy views. Every malformed message raises ValueError with the reason, which the
-model nodes turn into an ERROR diagnostic.
+do with numpy views, and compressed images are decoded by ``dynnet_ros.compressed``. Every
+malformed message raises ValueError with the reason, which the model nodes turn into an ERROR
+diagnostic.
 """
 from __future__ import annotations
 
 from typing import Literal
 
 import numpy as np
-from sensor_msgs.msg import Image, PointCloud2, PointField
+from sensor_msgs.msg import CompressedImage, Image, PointCloud2, PointField
 
+from dynnet_ros.compressed import decode_rgb8
 from dynnet_ros.layouts import (
     HOST_BIG_ENDIAN,
     IMAGE_ENCODINGS,
@@ -93,6 +95,13 @@ def image_to_rgb8(msg: Image) -> np.ndarray:
             raise ValueError(f"32FC1 image has {bad} NaN/inf pixel(s) of {array.size}")
         grey = np.rint(np.clip(array, 0.0, 1.0) * 255.0).astype(np.uint8)
     return np.repeat(grey[:, :, None], 3, axis=2)
+
+
+def camera_to_rgb8(msg: Image | CompressedImage) -> np.ndarray:
+    """A camera message, raw or image_transport-compressed (JPEG/PNG), as HxWx3 uint8 RGB."""
+    if isinstance(msg, CompressedImage):
+        return decode_rgb8(_byte_view(msg.data), msg.format)
+    return image_to_rgb8(msg)
 
 
 # --------------------------------------------------------------------------- PointCloud2

@@ -35,10 +35,11 @@ from rcl_interfaces.msg import SetParametersResult
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.node import Node
 from rclpy.qos import QoSHistoryPolicy, QoSProfile, qos_profile_sensor_data
-from sensor_msgs.msg import CameraInfo, Image
+from sensor_msgs.msg import CameraInfo, CompressedImage, Image
 from std_msgs.msg import String
 
 from dynnet_ros.budget.protocol import BUDGET_PARAM, BUDGETS_TOPIC, OWNER_PARAM, size_key, unit_budget
+from dynnet_ros.compressed import TRANSPORTS, compressed_topic
 from dynnet_ros.engine.backends.registry import available_backends
 from dynnet_ros.engine.engine import Engine
 from dynnet_ros.engine.memtrim import release_memory
@@ -47,8 +48,9 @@ from dynnet_ros.mapper.runtime import StageExecutor
 from dynnet_ros.nodes import diagnostics as diag
 from dynnet_ros.nodes.base import SENSOR_QOS_OVERRIDES, AtomicParameterService, ParamSpec, declare, steady_timer
 from dynnet_ros.nodes.budget_profile import ProfilePublisher, memory_now, prewarm_runtime
-from dynnet_ros.nodes.convert import image_to_rgb8
+from dynnet_ros.nodes.convert import camera_to_rgb8
 from dynnet_ros.nodes.frame_memory import FrameBytes, frame_bytes
+from dynnet_ros.nodes.frame_report import FrameReporter
 from dynnet_ros.nodes.mapped import (
     AutoPick,
     MappedSettings,
@@ -62,7 +64,7 @@ from dynnet_ros.nodes.mapped import (
     tune,
 )
 from dynnet_ros.nodes.sensor_sim import parse_resolution
-from dynnet_ros.nodes.stats import FrameStats
+from dynnet_ros.nodes.stats import FrameStats, StampGaps
 from dynnet_ros.perception.core import PerceptionCore
 from dynnet_ros.perception.letterbox import Letterbox, plan_letterbox
 from dynnet_ros.perception.model_info import ModelInfo, read_model_info
@@ -198,6 +200,10 @@ def common_specs(task: str) -> list[ParamSpec]:
         ParamSpec(OWNER_PARAM, "", "The budget manager (fully qualified node name) that assigns memory_budget_mb; "
                   "'' = nobody, the value set by hand or in the parameter file holds. Written by the manager "
                   "together with each budget it pushes, not on its own."),
+        ParamSpec("image_transport", "raw", "Camera transport, as image_transport names it: 'raw' subscribes to "
+                  "camera/image_raw (sensor_msgs/Image), 'compressed' to camera/image_raw/compressed "
+                  "(sensor_msgs/CompressedImage, JPEG or PNG; a remapped camera topic keeps the suffix). "
+                  "Read-only: set it at start.", choices=TRANSPORTS, read_only=True),
         ParamSpec("enabled", True, "Process frames; false stops inference and output (diagnostics continue)."),
         ParamSpec("max_rate_hz", 0.0, "Run the model on at most this many frames per second (0 = on every "
                   "frame the worker can take). Frames arriving within a period wait in the one-frame mailbox, "
@@ -268,7 +274,8 @@ class ModelNode(Node, ABC):
         self._held_after_load_mb = memory_now().rss_mb - rss_before_model.rss_mb
 
         self.stats = FrameStats()
-        self._pending: Image | None = None
+        self.gaps = StampGaps()  # frames the camera's stamps tell were lost before they reached the node
+        self._pending: Image | CompressedImage | None = None
         self._last_take: float | None = None   # monotonic time the worker last took a frame (max_rate_hz)
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -293,6 +300,7 @@ class ModelNode(Node, ABC):
         # sensor callbacks and the diagnostics timer run beside the parameter services (see run_node)
         self.io_group = MutuallyExclusiveCallbackGroup()
         self.create_sensor_inputs()
+        self.frames = FrameReporter(self, self.image_subscription)
         self._repicks = Rerun(self._repick, f"{node_name}-repick", self._stop.is_set,
                               lambda trace: self.get_logger().error(f"mapping auto: re-pick failed: {trace}"))
         self.create_subscription(String, BUDGETS_TOPIC, self._on_budgets, 10, callback_group=self.io_group)
@@ -317,8 +325,11 @@ class ModelNode(Node, ABC):
     def create_sensor_inputs(self) -> None:
         """Subscribe to the camera and its CameraInfo (a node with more sensors adds its own here,
         so every sensor input exists once the node shows up in the graph)."""
-        self.create_subscription(Image, "camera/image_raw", self._on_image, IMAGE_QOS,
-                                 callback_group=self.io_group, qos_overriding_options=SENSOR_QOS_OVERRIDES)
+        compressed = self.params["image_transport"] == "compressed"
+        self.image_subscription = self.create_subscription(
+            CompressedImage if compressed else Image,
+            compressed_topic(self.resolve_topic_name("camera/image_raw")) if compressed else "camera/image_raw",
+            self._on_image, IMAGE_QOS, callback_group=self.io_group, qos_overriding_options=SENSOR_QOS_OVERRIDES)
         self.create_subscription(CameraInfo, "camera/camera_info", self._on_camera_info, qos_profile_sensor_data,
                                  callback_group=self.io_group, qos_overriding_options=SENSOR_QOS_OVERRIDES)
 
@@ -648,12 +659,15 @@ class ModelNode(Node, ABC):
         """Cross-parameter checks of subclasses; raise ValueError with the reason."""
 
     # ------------------------------------------------------------------ frames
-    def _on_image(self, msg: Image) -> None:
+    def _on_image(self, msg: Image | CompressedImage) -> None:
+        self.gaps.observe(int(msg.header.stamp.sec) * 1_000_000_000 + int(msg.header.stamp.nanosec))
         with self._state_lock:
             self.stats.received += 1
-            if self._pending is not None:
+            replaced, self._pending = self._pending, msg
+            if replaced is not None:
                 self.stats.dropped += 1
-            self._pending = msg
+        if replaced is not None:
+            self.frames.report(replaced.header, "dropped")
         self._wake.set()
 
     def _on_camera_info(self, msg: CameraInfo) -> None:
@@ -686,7 +700,10 @@ class ModelNode(Node, ABC):
             with self._state_lock:
                 slot, self._pending = [self._pending], None
                 self._wake.clear()
-            if slot[0] is None or not self.params["enabled"]:
+            if slot[0] is None:
+                continue
+            if not self.params["enabled"]:
+                self.frames.report(slot[0].header, "skipped")
                 continue
             self._last_take = time.monotonic()
             try:
@@ -715,9 +732,10 @@ class ModelNode(Node, ABC):
         frame stays alive as the view the core reads)."""
         start = time.perf_counter()
         msg = slot.pop()
+        header = msg.header
         try:
-            frame = FrameInfo(msg.header, int(msg.width), int(msg.height), msg.encoding)
-            rgb = image_to_rgb8(msg)  # a view over msg.data for unpadded rgb8
+            rgb = camera_to_rgb8(msg)  # a view over msg.data for unpadded rgb8; JPEG/PNG decoded
+            frame = FrameInfo(header, int(rgb.shape[1]), int(rgb.shape[0]), getattr(msg, "encoding", "rgb8"))
             message_bytes = len(msg.data)
             del msg
             letterbox = self.core.preprocess.plan(frame.height, frame.width)
@@ -729,10 +747,12 @@ class ModelNode(Node, ABC):
                 self._stop.set()
                 return
             self.stats.failed += 1
+            self.frames.report(header, "failed")
             reason = f"{type(exc).__name__}: {exc}" if not isinstance(exc, ValueError) else str(exc)
             self.report_error(f"bad frame: {reason}")
             return
         self.stats.record((time.perf_counter() - start) * 1e3)
+        self.frames.report(header, "processed")
         self._last_input_shape = [1, 3, letterbox.pad_h, letterbox.pad_w]
         self._last_camera = (frame.width, frame.height)
         if not self.budget_profile.knows(size_key(letterbox.pad_h, letterbox.pad_w)):
@@ -845,6 +865,8 @@ class ModelNode(Node, ABC):
             "frames_processed": self.stats.processed,
             "frames_dropped": self.stats.dropped,
             "frames_failed": self.stats.failed,
+            "frames_missing": self.gaps.lost,
+            "frames_out_of_order": self.gaps.out_of_order,
             "rss_mb": process_memory().rss_mb,
             "model_path": self.core.model_path,
             "model_format": self.core.format_name,

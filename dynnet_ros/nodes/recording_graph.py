@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from rclpy.node import Node
 
 #: ROS's own bookkeeping topics, and the bag player's /clock (a player of this bag publishes its own)
 EXCLUDED_TOPICS = frozenset({"/rosout", "/parameter_events", "/clock"})
-#: the type of the camera frames a model node's outputs copy their header from
-CAMERA_TYPE = "sensor_msgs/msg/Image"
+#: the types of the camera frames a model node's outputs copy their header from (raw, compressed)
+CAMERA_TYPES = frozenset({"sensor_msgs/msg/Image", "sensor_msgs/msg/CompressedImage"})
 #: the sensor inputs of a model node (the camera, its CameraInfo, the LiDAR)
-SENSOR_TYPES = frozenset({CAMERA_TYPE, "sensor_msgs/msg/CameraInfo", "sensor_msgs/msg/PointCloud2"})
+SENSOR_TYPES = CAMERA_TYPES | {"sensor_msgs/msg/CameraInfo", "sensor_msgs/msg/PointCloud2"}
 
 
 def _split(node: str) -> tuple[str, str]:
@@ -25,9 +25,12 @@ def _split(node: str) -> tuple[str, str]:
     return name, namespace or "/"
 
 
-def unrecorded_topics(observer: Node, recorder: str, nodes: Iterable[str]) -> list[str] | None:
+def unrecorded_topics(observer: Node, recorder: str, nodes: Iterable[str],
+                      storable: Callable[[str], bool] = lambda _msgtype: True) -> list[str] | None:
     """Topics that ``nodes`` publish and the ``recorder`` (fully qualified names) does not subscribe
-    to yet, as ``observer`` sees the graph; None while the recorder is not up."""
+    to yet, as ``observer`` sees the graph; None while the recorder is not up. A topic of no type
+    ``storable`` accepts is skipped by the recorder (e.g. vision_msgs, which rosbags' typestore
+    lacks), so it is not waited for."""
     try:
         subscribed = {topic for topic, _ in observer.get_subscriber_names_and_types_by_node(*_split(recorder))}
     except Exception:  # noqa: BLE001 — rclpy raises NodeNameNonExistentError until the node is up
@@ -35,20 +38,21 @@ def unrecorded_topics(observer: Node, recorder: str, nodes: Iterable[str]) -> li
     published: set[str] = set()
     for node in nodes:
         try:
-            published |= {topic for topic, _ in observer.get_publisher_names_and_types_by_node(*_split(node))}
+            published |= {topic for topic, types in observer.get_publisher_names_and_types_by_node(*_split(node))
+                          if any(storable(t) for t in types)}
         except Exception:  # noqa: BLE001 — a node that is not up (yet, or any more) publishes nothing to wait for
             continue
     return sorted(published - subscribed - EXCLUDED_TOPICS)
 
 
 def wait_for_recorder(observer: Node, recorder: str, nodes: Iterable[str], stop: threading.Event,
-                      timeout_s: float) -> list[str] | None:
+                      timeout_s: float, storable: Callable[[str], bool] = lambda _msgtype: True) -> list[str] | None:
     """Wait until the recorder subscribes to every topic ``nodes`` publish, so a player starting
     afterwards loses no message to discovery; returns what is still unrecorded at the timeout
     (None: the recorder never came up), or [] once complete."""
     deadline = time.monotonic() + timeout_s
     while True:
-        missing = unrecorded_topics(observer, recorder, nodes)
+        missing = unrecorded_topics(observer, recorder, nodes, storable)
         if missing == [] or stop.is_set() or time.monotonic() >= deadline:
             return missing
         stop.wait(0.2)
@@ -71,7 +75,7 @@ def unrecorded_inputs(observer: Node, recorder: str, node: str, status: Mapping[
     except Exception:  # noqa: BLE001 — rclpy raises NodeNameNonExistentError until the node is up
         return None
     inputs = [(topic, types) for topic, types in subscribed if SENSOR_TYPES.intersection(types)]
-    cameras = [topic for topic, types in inputs if CAMERA_TYPE in types]
+    cameras = [topic for topic, types in inputs if CAMERA_TYPES.intersection(types)]
     if not cameras or not any(observer.count_publishers(topic) for topic in cameras):
         return None
     values = status or {}

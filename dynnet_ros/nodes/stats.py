@@ -56,3 +56,42 @@ class FrameStats:
                 return 0.0
             span = max(now - self._done_times[0], 1e-6)
             return (len(self._done_times) - 1) / span if span < 5.0 else len(self._done_times) / 5.0
+
+
+@dataclass
+class StampGaps:
+    """Frames a node can tell it never got, from the header stamps of those it did.
+
+    A stamp older than the newest one seen arrived out of order (``out_of_order``). A step
+    between consecutive stamps of more than 1.5 camera periods means frames went missing
+    between them (``lost`` += the periods skipped); the camera's period is the median of the
+    last ``window`` steps, so a camera that changes its rate is followed, and nothing is counted
+    before ``min_steps`` steps have been seen. A camera that pauses (a driver restart, a bag
+    with a gap) also counts as lost frames: the node cannot tell the two apart."""
+
+    window: int = 20
+    min_steps: int = 3
+    lost: int = 0
+    out_of_order: int = 0
+    _last_ns: int | None = None
+    _steps: deque = field(default_factory=deque)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def observe(self, stamp_ns: int) -> None:
+        with self._lock:
+            last, self._last_ns = self._last_ns, stamp_ns if self._last_ns is None else max(self._last_ns, stamp_ns)
+            if last is None:
+                return
+            if stamp_ns < last:
+                self.out_of_order += 1
+                return
+            step = stamp_ns - last
+            if step == 0:
+                return
+            if len(self._steps) >= self.min_steps:
+                period = float(np.median(np.fromiter(self._steps, dtype=np.float64)))
+                if step > 1.5 * period:
+                    self.lost += int(round(step / period)) - 1
+            self._steps.append(step)
+            while len(self._steps) > self.window:
+                self._steps.popleft()
