@@ -1,6 +1,7 @@
 """The bookkeeping behind lossless replay, without a graph: the frame reports' wire format, the
 stamp read from a message's CDR bytes, the player's ledger (who is still busy with a frame, what
-the report lists), and a node's count of frames missing from the camera's stamps."""
+the report lists), a node's count of frames missing from the camera's stamps, and what the
+replay changes in the graph it starts (lossless links, the compressed camera)."""
 from __future__ import annotations
 
 import pytest
@@ -10,6 +11,8 @@ from std_msgs.msg import Header
 
 from dynnet_ros.bags.progress import FrameCounts, FrameLedger, FrameOutcome, header_stamp_ns
 from dynnet_ros.bags.topics import BagTopic, plan_topics
+from dynnet_ros.commands.replay import camera_transport, lossless_links
+from dynnet_ros.graph_config import ProcessSpec
 from dynnet_ros.nodes.stats import StampGaps
 
 NS = 1_000_000_000
@@ -112,3 +115,34 @@ def test_a_recordings_frame_reports_are_not_played_back_into_the_graph():
     assert [t.target for t in plan.played] == ["/ns/camera/image_raw"]
     assert plan.warnings() == ["topic /dynnet/frames is not played: the model nodes of the graph publish their own "
                                "frame reports there"]
+
+
+def test_replay_makes_only_the_model_nodes_links_lossless_and_the_configs_own_overrides_win():
+    plan = plan_topics("run.mcap", {"/camera/image_raw": BagTopic("/camera/image_raw", "sensor_msgs/msg/Image", 4),
+                                    "/lidar/points": BagTopic("/lidar/points", "sensor_msgs/msg/PointCloud2", 4)})
+    lane = ProcessSpec("lane_node", "lane_node", "", {"threads": 1}, ())
+    assert lossless_links(lane, plan).parameters["qos_overrides"] == {
+        "/camera/image_raw": {"subscription": {"reliability": "reliable", "durability": "transient_local"}},
+        "/lidar/points": {"subscription": {"reliability": "reliable", "durability": "transient_local"}}}
+    own = ProcessSpec("depth_node", "depth_node", "", {
+        "qos_overrides": {"/lidar/points": {"subscription": {"reliability": "best_effort"}}},
+        "qos_overrides./camera/image_raw.subscription.durability": "volatile"}, ())
+    assert lossless_links(own, plan).parameters["qos_overrides"] == {
+        "/camera/image_raw": {"subscription": {"reliability": "reliable"}},
+        "/lidar/points": {"subscription": {"reliability": "best_effort", "durability": "transient_local"}}}
+    manager = ProcessSpec("budget_manager", "budget_manager", "", {}, ())
+    assert lossless_links(manager, plan) == manager
+
+
+def test_replay_takes_the_compressed_camera_when_the_bag_has_only_that():
+    compressed = plan_topics("robot.mcap", {"/camera/image_raw/compressed": BagTopic(
+        "/camera/image_raw/compressed", "sensor_msgs/msg/CompressedImage", 4)})
+    raw = plan_topics("sim.mcap", {"/camera/image_raw": BagTopic("/camera/image_raw", "sensor_msgs/msg/Image", 4)})
+    lane = ProcessSpec("lane_node", "lane_node", "", {}, ())
+    assert camera_transport(lane, compressed).parameters == {"image_transport": "compressed"}
+    assert camera_transport(lane, raw) == lane
+    chosen = ProcessSpec("lane_node", "lane_node", "", {"image_transport": "raw"}, ())
+    assert camera_transport(chosen, compressed) == chosen  # the config's choice stands (the report warns)
+    with pytest.raises(ValueError, match="must be sensor_msgs/msg/CompressedImage"):
+        plan_topics("bad.mcap", {"/camera/image_raw/compressed": BagTopic(
+            "/camera/image_raw/compressed", "sensor_msgs/msg/Image", 4)})

@@ -143,7 +143,9 @@ def lossless_links(node: ProcessSpec, plan: TopicPlan) -> ProcessSpec:
     overrides = {topic: dict(entry) for topic, entry in (node.parameters.get("qos_overrides") or {}).items()}
     for topic in plan.played:
         entry = overrides.setdefault(topic.target, {})
-        entry["subscription"] = {**LOSSLESS_LINK, **(entry.get("subscription") or {})}
+        ours = {policy: value for policy, value in LOSSLESS_LINK.items()  # the config's flat keys win too
+                if f"qos_overrides.{topic.target}.subscription.{policy}" not in node.parameters}
+        entry["subscription"] = {**ours, **(entry.get("subscription") or {})}
     return replace(node, parameters={**node.parameters, "qos_overrides": overrides})
 
 
