@@ -10,14 +10,18 @@ import json
 
 import numpy as np
 import pytest
+import rclpy
 from _corpus import photos
 from PIL import Image
+from rclpy.parameter import Parameter
 from rosbags.highlevel import AnyReader
 
 from dynnet_ros import cli
 from dynnet_ros.bags.scenes import CLOUD_TOPIC, COMPRESSED_TOPIC, INFO_TOPIC, record_scenes
 from dynnet_ros.bags.writer import standard_typestore
 from dynnet_ros.compressed import CompressedFormat, compressed_topic, decode_rgb8, encode_rgb8, parse_format
+from dynnet_ros.nodes.base import declare
+from dynnet_ros.nodes.model_node import common_specs
 from dynnet_ros.sim.frames import SimSettings, render_frame
 
 
@@ -132,3 +136,18 @@ def test_sim_record_writes_the_camera_compressed(tmp_path, codec):
     record_scenes(raw, settings, 1)  # without --compress: the raw camera as before
     with AnyReader([raw], default_typestore=standard_typestore()) as reader:
         assert {c.topic for c in reader.connections} == {INFO_TOPIC, "/camera/image_raw", CLOUD_TOPIC}
+
+
+def test_image_transport_is_read_only_at_run_time():
+    """The subscription is made at start; a node refuses to switch transport while it runs."""
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    try:
+        node = rclpy.create_node("transport_test", context=context)
+        spec = next(s for s in common_specs("lane") if s.name == "image_transport")
+        assert declare(node, [spec]) == {"image_transport": "raw"}
+        [result] = node.set_parameters([Parameter("image_transport", value="compressed")])
+        assert not result.successful and "read-only" in result.reason
+        node.destroy_node()
+    finally:
+        rclpy.shutdown(context=context)
