@@ -99,8 +99,7 @@ def main() -> None:
     print("| frame | payload | library | median ms | p10-p90 ms |\n|---|---|---|---|---|")
     print("\n".join(rows))
     print("\n| library | import RSS growth (MiB) |\n|---|---|")
-    for name, module in (("dynnet_ros.compressed", "dynnet_ros.compressed"),
-                         ("Pillow", "PIL.Image, PIL.JpegImagePlugin, PIL.PngImagePlugin"),
+    for name, module in (("Pillow", "PIL.Image, PIL.JpegImagePlugin, PIL.PngImagePlugin"),
                          ("simplejpeg", "simplejpeg"), ("opencv-python-headless", "cv2")):
         cost = import_cost(module)
         if cost is not None:

@@ -11,7 +11,8 @@ swapped and are swapped back here, as the plugin's subscriber does.
 JPEG is simplejpeg's (libjpeg-turbo's TurboJPEG API in a 0.4 MB wheel for x86_64 and aarch64,
 strict: a truncated or corrupt stream is an error, never a grey-filled frame), PNG Pillow's
 (already installed with matplotlib); the payload's signature decides, as OpenCV's ``imdecode``
-does for the plugin. The comparison with Pillow's and OpenCV's JPEG decoders is in docs/ros.md
+does for the plugin. Both load with the first frame that needs them, so a node on a raw camera
+never holds them. The comparison with Pillow's and OpenCV's JPEG decoders is in docs/ros.md
 ("Compressed camera input"). No ROS imports: the model nodes decode with it, ``dynnet sim
 --record`` encodes with it.
 """
@@ -21,8 +22,6 @@ import io
 from dataclasses import dataclass
 
 import numpy as np
-import simplejpeg
-from PIL import Image, UnidentifiedImageError
 
 CODECS = ("jpeg", "png")
 #: what Pillow may open: PNG only (JPEG is simplejpeg's)
@@ -79,11 +78,13 @@ def decode_rgb8(data: bytes | memoryview | np.ndarray, format_text: str) -> np.n
     fmt = parse_format(format_text)
     what = f"compressed image ({format_text!r}, {len(data)} bytes)"
     if bytes(data[:3]) == _JPEG_SIGNATURE:
+        import simplejpeg  # loaded by the first compressed frame: a raw camera's node never holds it
         try:
             array = simplejpeg.decode_jpeg(data, colorspace="RGB")
         except ValueError as exc:  # truncated or corrupt: strict decoding refuses what libjpeg would patch
             raise ValueError(f"{what} does not decode as JPEG: {exc}") from None
     elif bytes(data[:8]) == _PNG_SIGNATURE:
+        from PIL import Image, UnidentifiedImageError  # loaded by the first PNG frame (Pillow: ~3 MiB resident)
         try:
             with Image.open(io.BytesIO(bytes(data)), formats=_PIL_FORMATS) as image:
                 image.load()
@@ -95,7 +96,8 @@ def decode_rgb8(data: bytes | memoryview | np.ndarray, format_text: str) -> np.n
     return np.ascontiguousarray(array[:, :, ::-1]) if fmt.swapped else array
 
 
-def _rgb8(image: Image.Image) -> np.ndarray:
+def _rgb8(image) -> np.ndarray:
+    """A decoded Pillow image as HxWx3 uint8 RGB."""
     if image.mode == "RGB":
         return np.asarray(image)
     if image.mode in ("I;16", "I;16B", "I;16L", "I"):  # 16-bit grey (mono16, 16UC1 PNGs): the high byte
@@ -113,8 +115,10 @@ def encode_rgb8(rgb: np.ndarray, codec: str = "jpeg", quality: int = 90, encodin
     if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3:
         raise ValueError(f"expected an HxWx3 uint8 RGB image, got {rgb.dtype} {rgb.shape}")
     if codec == "jpeg":
+        import simplejpeg  # an encoder's import, loaded when a recording compresses
         data = simplejpeg.encode_jpeg(np.ascontiguousarray(rgb), quality=quality, colorspace="RGB")
     else:
+        from PIL import Image  # an encoder's import, loaded when a recording compresses
         out = io.BytesIO()
         Image.fromarray(rgb, "RGB").save(out, format="PNG", compress_level=3)
         data = out.getvalue()

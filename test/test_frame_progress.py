@@ -9,9 +9,10 @@ from rclpy.serialization import serialize_message
 from sensor_msgs.msg import CameraInfo, CompressedImage, Image
 from std_msgs.msg import Header
 
-from dynnet_ros.bags.progress import FrameCounts, FrameLedger, FrameOutcome, header_stamp_ns
+from dynnet_ros.bags.progress import FrameCounts, FrameLedger, header_stamp_ns
 from dynnet_ros.bags.topics import BagTopic, plan_topics
 from dynnet_ros.commands.replay import camera_transport, lossless_links
+from dynnet_ros.frame_reports import FrameOutcome
 from dynnet_ros.graph_config import ProcessSpec
 from dynnet_ros.nodes.stats import StampGaps
 

@@ -29,6 +29,7 @@ LAYERS: dict[str, int] = {
     "dynnet_ros.geometry": 0,
     "dynnet_ros.layouts": 0,
     "dynnet_ros.compressed": 0,
+    "dynnet_ros.frame_reports": 0,
     "dynnet_ros.memory": 0,
     "dynnet_ros.engine.procmem": 0,
     "dynnet_ros.engine.memtrim": 0,
@@ -81,7 +82,9 @@ ROS_PACKAGES = ("rclpy", "std_msgs", "sensor_msgs", "diagnostic_msgs", "visualiz
 OPTIONAL_IMPORTS = ("tensorrt", "pycuda", "vision_msgs", "launch", "launch_ros", "ament_index_python",
                     # heavy, loaded only by the feature that uses them (the mapper's search and
                     # cost model, plots, the CLI's terminal UI): a serving process never pays for them
-                    "pymoo", "xgboost", "matplotlib", "rich")
+                    "pymoo", "xgboost", "matplotlib", "rich",
+                    # image codecs, loaded by a node's first compressed camera frame (or dynnet sim --compress)
+                    "PIL", "simplejpeg")
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """What became of each played frame: the model nodes' per-frame reports and the player's ledger.
 
-A model node tells, on ``dynnet/frames`` (std_msgs/String, JSON like the budget topics), what
-it did with every camera frame it received: processed, failed (a bad message or an inference
-error), dropped (replaced in its one-frame mailbox by a newer frame before the worker took it)
-or skipped (the node is disabled). ``dynnet replay`` keeps a ``FrameLedger`` of those reports
-against the frames it published, so it can
+A model node tells, on ``dynnet/frames`` (``dynnet_ros.frame_reports``: std_msgs/String, JSON
+like the budget topics), what it did with every camera frame it received: processed, failed (a
+bad message or an inference error), dropped (replaced in its one-frame mailbox by a newer
+frame before the worker took it) or skipped (the node is disabled). ``dynnet replay`` keeps a
+``FrameLedger`` of those reports against the frames it published, so it can
 
 * hold the next frame on a camera topic until every model node reading that topic has
   finished the previous one (nothing is dropped in a mailbox: the player is paced by the
@@ -17,49 +17,14 @@ straight from a message's CDR bytes, so the player never deserializes what it pl
 """
 from __future__ import annotations
 
-import json
 import struct
 from collections import Counter
 from dataclasses import dataclass
 
-#: relative, like the budget topics: a graph under a namespace reports to its own player
-FRAMES_TOPIC = "dynnet/frames"
-OUTCOMES = ("processed", "failed", "dropped", "skipped")
+from dynnet_ros.frame_reports import FrameOutcome
+
 #: message types a model node takes camera frames from (raw, or image_transport's compressed)
 FRAME_TYPES = ("sensor_msgs/msg/Image", "sensor_msgs/msg/CompressedImage")
-
-
-@dataclass(frozen=True)
-class FrameOutcome:
-    """One camera frame's fate in one node: ``node`` (fully qualified) read it from ``topic``."""
-
-    node: str
-    topic: str
-    stamp_ns: int
-    outcome: str
-
-    def to_json(self) -> str:
-        return json.dumps({"node": self.node, "topic": self.topic, "stamp_ns": self.stamp_ns,
-                           "outcome": self.outcome})
-
-    @classmethod
-    def from_json(cls, text: str) -> FrameOutcome:
-        """ValueError naming what is malformed."""
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"frame report is not JSON: {exc}") from exc
-        if not isinstance(raw, dict):
-            raise ValueError("frame report must be a JSON object")
-        node, topic, stamp, outcome = raw.get("node"), raw.get("topic"), raw.get("stamp_ns"), raw.get("outcome")
-        if not (isinstance(node, str) and isinstance(topic, str)):
-            raise ValueError("frame report needs string 'node' and 'topic'")
-        if isinstance(stamp, bool) or not isinstance(stamp, int):
-            raise ValueError(f"frame report 'stamp_ns' must be an integer, got {stamp!r}")
-        if outcome not in OUTCOMES:
-            raise ValueError(f"frame report 'outcome' must be one of {OUTCOMES}, got {outcome!r}")
-        return cls(node, topic, stamp, outcome)
-
 
 def header_stamp_ns(cdr: bytes | memoryview) -> int:
     """The header stamp of a serialized message that starts with ``std_msgs/Header`` (Image,

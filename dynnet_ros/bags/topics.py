@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from dynnet_ros.bags.progress import FRAMES_TOPIC
+from dynnet_ros.frame_reports import FRAMES_TOPIC
 
 #: the graph's sensor topics (relative to its namespace) -> their role
 SENSOR_ROLES: dict[str, str] = {

@@ -29,8 +29,9 @@ from rosgraph_msgs.msg import Clock
 from std_msgs.msg import String
 
 from dynnet_ros.bags.pacing import NS, Pacing, Step
-from dynnet_ros.bags.progress import FRAME_TYPES, FRAMES_TOPIC, FrameLedger, FrameOutcome, header_stamp_ns
+from dynnet_ros.bags.progress import FRAME_TYPES, FrameLedger, header_stamp_ns
 from dynnet_ros.bags.topics import TopicPlan
+from dynnet_ros.frame_reports import FRAMES_TOPIC, FrameOutcome
 from dynnet_ros.nodes.message_types import message_class
 
 #: every played topic: reliable, transient-local, depth 10. Such a publisher serves best-effort and

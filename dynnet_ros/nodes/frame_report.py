@@ -2,7 +2,7 @@
 
 Why: a player (``dynnet replay``) must know when each node has finished a frame, to play the
 next one without it being dropped, and what became of every frame it played; the node is the
-only one that knows. One small JSON string per frame (``bags.progress.FrameOutcome``), reliable.
+only one that knows. One small JSON string per frame (``frame_reports.FrameOutcome``), reliable.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from rclpy.qos import QoSProfile
 from rclpy.subscription import Subscription
 from std_msgs.msg import String
 
-from dynnet_ros.bags.progress import FRAMES_TOPIC, FrameOutcome
+from dynnet_ros.frame_reports import FRAMES_TOPIC, FrameOutcome
 
 #: reliable, and deep enough for the reports of a burst of dropped frames
 FRAMES_QOS = QoSProfile(depth=50)
