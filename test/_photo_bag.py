@@ -45,11 +45,21 @@ def _stamp(stamp_ns: int):
     return header.stamp
 
 
+def camera_info(image: np.ndarray, header: Header) -> CameraInfo:
+    """The CameraInfo of a frame of ``image``'s size: focal lengths 0.8 x the size, the centre in
+    the middle. Proportional to the size, so a node that rescales another size's K (a frame's
+    CameraInfo not yet arrived) gets this K exactly."""
+    height, width = image.shape[:2]
+    k = np.array([[0.8 * width, 0.0, width / 2], [0.0, 0.8 * height, height / 2], [0.0, 0.0, 1.0]])
+    return CameraInfo(header=header, width=width, height=height, **camera_info_fields(k))
+
+
 def write_photo_bag(path: Path, frames: int, *, period_ns: int = NS, skip: tuple[int, ...] = (),
                     compress: str | tuple[str, ...] | None = None,
                     payloads: dict[int, Payload] | None = None) -> list[int]:
     """A camera recording of ``frames`` photos every ``period_ns`` (default 1 Hz): CameraInfo,
-    then the camera, same stamp, frame_id ``camera_optical_frame``. The camera is an rgb8
+    then the camera, same stamp, frame_id ``camera_optical_frame``, after a first CameraInfo
+    one period before the first frame. The camera is an rgb8
     Image, or with ``compress`` ('jpeg', 'png', or one per frame, cycled) a CompressedImage on
     ``/camera/image_raw/compressed`` as image_transport's compressed plugin publishes it;
     ``payloads`` replaces frames' compressed data and format (bad payloads). The frames whose
@@ -62,16 +72,16 @@ def write_photo_bag(path: Path, frames: int, *, period_ns: int = NS, skip: tuple
         camera_topic = IMAGE_TOPIC if codecs is None else COMPRESSED_TOPIC
         writer.add_topic(camera_topic, "sensor_msgs/msg/Image" if codecs is None else "sensor_msgs/msg/CompressedImage",
                          SENSOR_DATA_QOS)
+        lead = START_NS - period_ns  # the driver's CameraInfo is out before its first frame
+        writer.write(INFO_TOPIC, lead, serialize_message(camera_info(images[0], Header(
+            stamp=_stamp(lead), frame_id="camera_optical_frame"))))
         for index in range(frames):
             if index in skip:
                 continue
             image = images[index]
             stamp = START_NS + index * period_ns
             header = Header(stamp=_stamp(stamp), frame_id="camera_optical_frame")
-            height, width = image.shape[:2]
-            k = np.array([[0.8 * width, 0.0, width / 2], [0.0, 0.8 * width, height / 2], [0.0, 0.0, 1.0]])
-            info = CameraInfo(header=header, width=width, height=height, **camera_info_fields(k))
-            writer.write(INFO_TOPIC, stamp, serialize_message(info))
+            writer.write(INFO_TOPIC, stamp, serialize_message(camera_info(image, header)))
             if codecs is None:
                 camera = serialize_message(array_to_image(image, "rgb8", header))
             else:
