@@ -14,6 +14,16 @@ NODES = {
     "budget_manager": "dynnet_ros.nodes.budget_manager:main",
     "foxglove_view": "dynnet_ros.nodes.foxglove_view:main",
     "recorder": "dynnet_ros.nodes.recorder:main",
+    "container": "dynnet_ros.nodes.container:main",
+}
+# Nodes a component container loads by plugin name (`ros2 component load dynnet_ros dynnet_ros::LaneNode`);
+# the same pairs as dynnet_ros.graph_config.COMPONENTS.
+COMPONENTS = {
+    "dynnet_ros::SensorSim": "dynnet_ros.nodes.sensor_sim:SensorSim",
+    "dynnet_ros::LaneNode": "dynnet_ros.nodes.lane_node:LaneNode",
+    "dynnet_ros::PedestrianNode": "dynnet_ros.nodes.pedestrian_node:PedestrianNode",
+    "dynnet_ros::DepthNode": "dynnet_ros.nodes.depth_node:DepthNode",
+    "dynnet_ros::BudgetManager": "dynnet_ros.nodes.budget_manager:BudgetManager",
 }
 
 setup(
@@ -40,5 +50,6 @@ setup(
     entry_points={
         "console_scripts": [f"{name}={target}" for name, target in NODES.items()]
         + ["dynnet=dynnet_ros.cli:main"],
+        "dynnet_ros.components": [f"{plugin}={target}" for plugin, target in COMPONENTS.items()],
     },
 )

@@ -13,7 +13,7 @@ import sys
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import yaml
 
@@ -26,6 +26,22 @@ EXECUTABLES: dict[str, str] = {
     "depth_node": "dynnet_ros.nodes.depth_node",
     "budget_manager": "dynnet_ros.nodes.budget_manager",
 }
+#: node class per executable, as a component container loads it: the plugin name (``ros2 component
+#: load dynnet_ros <plugin>``) -> "module:Class"; setup.py registers the same pairs as entry points
+#: in the ``dynnet_ros.components`` group
+COMPONENTS: dict[str, str] = {
+    "dynnet_ros::SensorSim": "dynnet_ros.nodes.sensor_sim:SensorSim",
+    "dynnet_ros::LaneNode": "dynnet_ros.nodes.lane_node:LaneNode",
+    "dynnet_ros::PedestrianNode": "dynnet_ros.nodes.pedestrian_node:PedestrianNode",
+    "dynnet_ros::DepthNode": "dynnet_ros.nodes.depth_node:DepthNode",
+    "dynnet_ros::BudgetManager": "dynnet_ros.nodes.budget_manager:BudgetManager",
+}
+#: the plugin a container loads for each executable of a graph config
+PLUGINS: dict[str, str] = {module.rpartition(".")[2].partition(":")[0]: plugin
+                           for plugin, module in COMPONENTS.items()}
+#: the component container's executable (`ros2 run dynnet_ros container`) and module
+CONTAINER = "container"
+CONTAINER_MODULE = "dynnet_ros.nodes.container"
 #: executables a launcher adds on request (`dynnet up --foxglove`), never listed in a graph config
 ON_REQUEST: dict[str, str] = {
     "foxglove_view": "dynnet_ros.nodes.foxglove_view",
@@ -37,7 +53,10 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _QOS_OVERRIDE_NAME = re.compile(r"^qos_overrides\.(/[A-Za-z_~{][A-Za-z0-9_/{}~]*)\.[a-z_]+\.[a-z_]+$")
 _TOPIC = re.compile(r"^~?/?[A-Za-z_~{][A-Za-z0-9_/{}~]*$")
 _RESPAWN_KEYS = {"respawn", "respawn_delay_s", "respawn_max_retries", "respawn_window_s"}
-_NODE_KEYS = {"name", "executable", "sim", "parameters", "remappings"} | _RESPAWN_KEYS
+_NODE_KEYS = {"name", "executable", "sim", "parameters", "remappings", "container"} | _RESPAWN_KEYS
+_CONTAINER_KEYS = {"threads"} | _RESPAWN_KEYS
+#: most executor threads a container may be given
+MAX_CONTAINER_THREADS = 64
 
 
 @dataclass(frozen=True)
@@ -72,12 +91,24 @@ class NodeConfig:
     remappings: dict[str, str] = field(default_factory=dict)
     sim: bool = False  # part of the simulator: skipped by `--no-sim` / `use_sim:=false`
     respawn: RespawnPolicy = field(default_factory=RespawnPolicy)
+    container: str | None = None  # the container it shares a process with; None = its own process
+
+
+@dataclass(frozen=True)
+class ContainerConfig:
+    """A process hosting several of the graph's nodes (``containers:`` in the config): its
+    executor's thread count (0 = one per node, plus one) and what happens when it crashes."""
+
+    name: str
+    threads: int = 0
+    respawn: RespawnPolicy = field(default_factory=RespawnPolicy)
 
 
 @dataclass(frozen=True)
 class GraphConfig:
     nodes: list[NodeConfig]
     source: str = "<memory>"
+    containers: dict[str, ContainerConfig] = field(default_factory=dict)
 
     def selected(self, use_sim: bool = True) -> list[NodeConfig]:
         return [n for n in self.nodes if use_sim or not n.sim]
@@ -126,14 +157,57 @@ def _parse_respawn(raw: dict, label: str) -> RespawnPolicy:
                          window_s=_number(raw, "respawn_window_s", default.window_s, label, minimum=0.0, strict=True))
 
 
+def _parse_containers(raw: Any, where: str) -> dict[str, ContainerConfig]:
+    """The ``containers:`` mapping: container name -> its threads and respawn keys."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: 'containers' must be a mapping from container name to its settings")
+    containers = {}
+    for name, settings in raw.items():
+        label = f"{where}: container '{name}'"
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ValueError(f"{where}: container name must be a ROS node name (letters, digits, _), got {name!r}")
+        settings = {} if settings is None else settings
+        if not isinstance(settings, dict):
+            raise ValueError(f"{label}: expected a mapping of {sorted(_CONTAINER_KEYS)}")
+        unknown = set(settings) - _CONTAINER_KEYS
+        if unknown:
+            raise ValueError(f"{label}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_CONTAINER_KEYS)}")
+        threads = settings.get("threads", 0)
+        if not isinstance(threads, int) or isinstance(threads, bool) or not 0 <= threads <= MAX_CONTAINER_THREADS:
+            raise ValueError(f"{label}: 'threads' must be an integer in [0, {MAX_CONTAINER_THREADS}] "
+                             f"(0 = one per node, plus one), got {threads!r}")
+        containers[name] = ContainerConfig(name=name, threads=threads, respawn=_parse_respawn(settings, label))
+    return containers
+
+
+def _node_container(raw: dict, label: str, containers: dict[str, ContainerConfig]) -> str | None:
+    """The node's ``container`` key: a name from ``containers``, or false/absent (its own process)."""
+    container = raw.get("container", False)
+    if container is False:
+        return None
+    if not isinstance(container, str) or container not in containers:
+        known = ", ".join(sorted(containers)) or "none are defined"
+        raise ValueError(f"{label}: 'container' must be false or a container from 'containers' ({known}), "
+                         f"got {container!r}")
+    respawn = sorted(_RESPAWN_KEYS & set(raw))
+    if respawn:
+        raise ValueError(f"{label}: {respawn} apply to a process and this node runs in container "
+                         f"'{container}': set them under containers.{container}")
+    return container
+
+
 def parse_graph(data: Any, source: str = "<memory>") -> GraphConfig:
     """Validate parsed YAML; raise ValueError naming the file, node and field at fault."""
     where = source
     if not isinstance(data, dict) or "nodes" not in data:
         raise ValueError(f"{where}: expected a mapping with a 'nodes' list at the top level")
-    extra = set(data) - {"nodes"}
+    extra = set(data) - {"nodes", "containers"}
     if extra:
-        raise ValueError(f"{where}: unknown top-level key(s) {sorted(extra)}; only 'nodes' is allowed")
+        raise ValueError(f"{where}: unknown top-level key(s) {sorted(extra)}; only 'nodes' and 'containers' "
+                         "are allowed")
+    containers = _parse_containers(data.get("containers"), where)
     raw_nodes = data["nodes"]
     if not isinstance(raw_nodes, list) or not raw_nodes:
         raise ValueError(f"{where}: 'nodes' must be a non-empty list")
@@ -152,6 +226,8 @@ def parse_graph(data: Any, source: str = "<memory>") -> GraphConfig:
         label = f"{where}: node '{name}'"
         if name in seen:
             raise ValueError(f"{label} appears twice")
+        if name in containers:
+            raise ValueError(f"{label}: a container has the same name (every node in the graph needs its own)")
         seen.add(name)
         executable = raw.get("executable")
         if executable not in EXECUTABLES:
@@ -174,9 +250,15 @@ def parse_graph(data: Any, source: str = "<memory>") -> GraphConfig:
         sim = raw.get("sim", False)
         if not isinstance(sim, bool):
             raise ValueError(f"{label}: 'sim' must be true or false, got {sim!r}")
+        container = _node_container(raw, label, containers)
         nodes.append(NodeConfig(name=name, executable=executable, parameters=dict(params),
-                                remappings=dict(remaps), sim=sim, respawn=_parse_respawn(raw, label)))
-    return GraphConfig(nodes=nodes, source=source)
+                                remappings=dict(remaps), sim=sim, container=container,
+                                respawn=_parse_respawn(raw, label) if container is None
+                                else containers[container].respawn))
+    empty = sorted(set(containers) - {n.container for n in nodes})
+    if empty:
+        raise ValueError(f"{where}: container(s) {empty} hold no node (give nodes 'container: NAME')")
+    return GraphConfig(nodes=nodes, source=source, containers=containers)
 
 
 def load_graph(path: str | Path) -> GraphConfig:
@@ -223,8 +305,13 @@ def validate_namespace(namespace: str) -> str:
 
 @dataclass(frozen=True)
 class ProcessSpec:
-    """One node process as both launchers start it: what `ros2 run dynnet_ros <executable>` runs,
-    under ``name`` in ``namespace`` ('' = none), with these parameters and remappings."""
+    """One process as both launchers start it: what `ros2 run dynnet_ros <executable>` runs,
+    under ``name`` in ``namespace`` ('' = none), with these parameters and remappings.
+
+    A component container (executable ``container``) is named after its config entry and hosts
+    ``components``: one spec per node, each started with exactly the ROS arguments it would have
+    in a process of its own (``ros_arguments``), on ``threads`` executor threads.
+    """
 
     name: str
     executable: str
@@ -232,10 +319,25 @@ class ProcessSpec:
     parameters: dict[str, Any]
     remappings: tuple[tuple[str, str], ...]
     respawn: RespawnPolicy = field(default_factory=RespawnPolicy)
+    components: tuple["ProcessSpec", ...] = ()
+    threads: int = 0
 
     @property
     def module(self) -> str:
+        if self.executable == CONTAINER:
+            return CONTAINER_MODULE
         return EXECUTABLES.get(self.executable) or ON_REQUEST[self.executable]
+
+    @property
+    def hosted(self) -> tuple["ProcessSpec", ...]:
+        """The nodes this process runs: its components, or itself."""
+        return self.components or (self,)
+
+    def executor_threads(self) -> int:
+        """A container's executor threads: the configured count, else one per node plus one (a
+        node's slow parameter change, such as a model load, then leaves the others' callbacks a
+        thread)."""
+        return self.threads or len(self.components) + 1
 
     def params_file_data(self) -> dict:
         """Content of this node's own ROS 2 --params-file.
@@ -246,16 +348,40 @@ class ProcessSpec:
 
 
 def graph_processes(graph: GraphConfig, use_sim: bool = True, namespace: str = "") -> list[ProcessSpec]:
-    """The processes of the graph: one per selected node, in config order.
+    """The processes of the graph, in config order: one per selected node, except that the
+    selected nodes of one container share a process (a container process, where its first node
+    is); a container left with one node (the others are sim nodes under ``use_sim=False``) runs
+    it as a plain process, with the container's respawn keys.
 
-    A namespace moves the node and its relative topics (camera/image_raw, lane/mask, ...)
+    A namespace moves the nodes and their relative topics (camera/image_raw, lane/mask, ...)
     under it; /diagnostics stays global, as diagnostic aggregators expect.
     """
     namespace = validate_namespace(namespace)
-    return [ProcessSpec(name=node.name, executable=node.executable, namespace=namespace,
-                        parameters=dict(node.parameters), remappings=tuple(node.remappings.items()),
-                        respawn=node.respawn)
-            for node in graph.selected(use_sim)]
+    selected = graph.selected(use_sim)
+    members: dict[str, list[ProcessSpec]] = {}
+    order: list[str | ProcessSpec] = []
+    for node in selected:
+        spec = ProcessSpec(name=node.name, executable=node.executable, namespace=namespace,
+                           parameters=dict(node.parameters), remappings=tuple(node.remappings.items()),
+                           respawn=node.respawn)
+        if node.container is None:
+            order.append(spec)
+            continue
+        if node.container not in members:
+            members[node.container] = []
+            order.append(node.container)
+        members[node.container].append(spec)
+    processes = []
+    for entry in order:
+        if isinstance(entry, ProcessSpec):
+            processes.append(entry)
+            continue
+        group, config = members[entry], graph.containers[entry]
+        processes.append(group[0] if len(group) == 1 else
+                         ProcessSpec(name=entry, executable=CONTAINER, namespace=namespace, parameters={},
+                                     remappings=(), respawn=config.respawn, components=tuple(group),
+                                     threads=config.threads))
+    return processes
 
 
 def view_process(namespace: str, port: int) -> ProcessSpec:
@@ -277,16 +403,58 @@ def recorder_process(namespace: str, output: str | Path, storage: str, nodes: li
                        parameters=parameters, remappings=(), respawn=RespawnPolicy(enabled=False))
 
 
-def node_command(process: ProcessSpec, params_file: str | Path, python: str = sys.executable) -> list[str]:
-    """argv that runs one node as its own process (what `dynnet up` starts)."""
-    cmd = [python, "-m", process.module, "--ros-args", "-r", f"__node:={process.name}"]
+def ros_arguments(process: ProcessSpec, params_file: str | Path) -> list[str]:
+    """The node's ROS arguments: ``--ros-args``, its name, namespace, parameters file and
+    remappings; a container gets its name and namespace only."""
+    args = ["--ros-args", "-r", f"__node:={process.name}"]
     if process.namespace:
-        cmd += ["-r", f"__ns:={process.namespace}"]
+        args += ["-r", f"__ns:={process.namespace}"]
     if process.parameters:
-        cmd += ["--params-file", str(params_file)]
+        args += ["--params-file", str(params_file)]
     for src, dst in process.remappings:
-        cmd += ["-r", f"{src}:={dst}"]
-    return cmd
+        args += ["-r", f"{src}:={dst}"]
+    return args
+
+
+def process_arguments(process: ProcessSpec, params_file: str | Path) -> list[str]:
+    """The arguments before ``--ros-args``: a container's components file and thread count."""
+    if process.executable != CONTAINER:
+        return []
+    return ["--components", str(params_file), "--threads", str(process.executor_threads())]
+
+
+def node_command(process: ProcessSpec, params_file: str | Path, python: str = sys.executable) -> list[str]:
+    """argv that runs one process (what `dynnet up` starts); ``params_file``: the node's parameters
+    file, or a container's components file (``write_process_files``)."""
+    return [python, "-m", process.module, *process_arguments(process, params_file),
+            *ros_arguments(process, params_file)]
+
+
+def components_file_data(process: ProcessSpec, params_files: Mapping[str, str | Path]) -> dict:
+    """A container's components file: each node's plugin and the ROS arguments it would have in
+    a process of its own (``params_files``: node name -> its parameters file)."""
+    return {"components": [{"plugin": PLUGINS[node.executable],
+                            "ros_args": ros_arguments(node, params_files[node.name])}
+                           for node in process.components]}
+
+
+def write_process_files(process: ProcessSpec, directory: str | Path, suffix: str = "") -> Path:
+    """Write what ``process`` reads at start into ``directory``: its parameters file, or a
+    container's components file and its nodes' parameters files. Returns the file its command
+    line names (``node_command``). ``suffix`` keeps a restart's files apart from the first start's."""
+    directory = Path(directory)
+
+    def params_file(node: ProcessSpec) -> Path:
+        path = directory / f"{node.name}{suffix}.yaml"
+        path.write_text(yaml.safe_dump(node.params_file_data(), sort_keys=False))
+        return path
+
+    if process.executable != CONTAINER:
+        return params_file(process)
+    files = {node.name: params_file(node) for node in process.components}
+    path = directory / f"{process.name}{suffix}.components.yaml"
+    path.write_text(yaml.safe_dump(components_file_data(process, files), sort_keys=False))
+    return path
 
 
 class RuntimeParameters:
@@ -325,3 +493,19 @@ def fq_node_name(process: ProcessSpec) -> str:
 def restart_spec(process: ProcessSpec, overrides: dict[str, Any]) -> ProcessSpec:
     """``process`` with ``overrides`` (values set at run time) on top of its config's parameters."""
     return replace(process, parameters={**process.parameters, **overrides})
+
+
+def with_parameters(process: ProcessSpec, values: dict[str, Any]) -> ProcessSpec:
+    """``process`` with ``values`` over the parameters of every node it hosts."""
+    if process.components:
+        return replace(process, components=tuple(with_parameters(n, values) for n in process.components))
+    return replace(process, parameters={**process.parameters, **values})
+
+
+def restart_process(process: ProcessSpec, overrides: dict[str, dict[str, Any]]) -> ProcessSpec:
+    """``process`` with each hosted node's ``overrides`` (fully qualified node name -> values set
+    at run time) over its config's parameters: a container's nodes each get their own."""
+    if process.executable != CONTAINER:
+        return restart_spec(process, overrides.get(fq_node_name(process), {}))
+    return replace(process, components=tuple(restart_spec(node, overrides.get(fq_node_name(node), {}))
+                                             for node in process.components))

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from launch import LaunchDescription
@@ -15,7 +16,16 @@ from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
 from dynnet_ros.commands.preflight import check_in_child, measure_in_child
-from dynnet_ros.graph_config import PACKAGE, default_config_path, graph_processes, load_graph
+from dynnet_ros.graph_config import (
+    CONTAINER,
+    PACKAGE,
+    ProcessSpec,
+    default_config_path,
+    graph_processes,
+    load_graph,
+    process_arguments,
+    write_process_files,
+)
 
 
 def _default_config() -> str:
@@ -32,7 +42,9 @@ def _default_config() -> str:
 
 def _nodes(context, *args, **kwargs):
     """Resolve the launch arguments, then one launch_ros Node per process of `graph_processes`
-    (the function `dynnet up` starts its processes from).
+    (the function `dynnet up` starts its processes from): a node of its own, or a component
+    container started with its components file (``ros2 run dynnet_ros container --components
+    FILE``), so that launch's respawn brings the container back with all its nodes.
 
     Respawn uses what launch offers: a fixed ``respawn_delay`` (no doubling) and at most
     ``respawn_max_retries`` restarts over the whole launch (not per window); launch also restarts
@@ -49,15 +61,23 @@ def _nodes(context, *args, **kwargs):
     processes = graph_processes(graph, use_sim, namespace)
     # each model's footprint per size class, measured one model at a time before the nodes start
     # (seconds on a machine's first start, cached after): the nodes then serve at once
-    measure_in_child(processes, lambda message: print(f"[vehicle.launch.py] {message}", flush=True))
-    return [
-        Node(package=PACKAGE, executable=process.executable, name=process.name,
-             namespace=process.namespace or None, output="screen",
-             parameters=[process.parameters] if process.parameters else [], remappings=list(process.remappings),
-             respawn=process.respawn.enabled, respawn_delay=process.respawn.delay_s,
-             respawn_max_retries=process.respawn.max_retries)
-        for process in processes
-    ]
+    measure_in_child([node for process in processes for node in process.hosted],
+                     lambda message: print(f"[vehicle.launch.py] {message}", flush=True))
+    files = tempfile.mkdtemp(prefix="dynnet-launch-")  # the containers' components and parameters files
+    return [_node(process, files) for process in processes]
+
+
+def _node(process: ProcessSpec, files: str) -> Node:
+    if process.executable == CONTAINER:
+        arguments = process_arguments(process, write_process_files(process, files))
+        parameters: list = []
+    else:
+        arguments, parameters = [], [process.parameters] if process.parameters else []
+    return Node(package=PACKAGE, executable=process.executable, name=process.name,
+                namespace=process.namespace or None, output="screen", arguments=arguments,
+                parameters=parameters, remappings=list(process.remappings),
+                respawn=process.respawn.enabled, respawn_delay=process.respawn.delay_s,
+                respawn_max_retries=process.respawn.max_retries)
 
 
 def generate_launch_description() -> LaunchDescription:

@@ -14,6 +14,17 @@ from dynnet_ros.commands.up import stop_process_group
 REPO = Path(__file__).resolve().parents[1]
 
 
+def separate_processes(data: dict) -> dict:
+    """A graph config's data with every node in a process of its own: the container groups
+    dissolved, each container's respawn keys moved to its nodes (tests of per-process behaviour)."""
+    containers = data.pop("containers", None) or {}
+    for node in data["nodes"]:
+        group = node.pop("container", False)
+        if group:
+            node.update({k: v for k, v in (containers[group] or {}).items() if k.startswith("respawn")})
+    return data
+
+
 class Up:
     """`dynnet up --config CONFIG --namespace NAMESPACE [extra ...]`."""
 

@@ -1,8 +1,15 @@
-"""Shared test setup: loopback-only ROS and a ROS_DOMAIN_ID of this run's own."""
+"""Shared test setup: loopback-only ROS and a ROS_DOMAIN_ID of this run's own; the colcon-built
+package (``install``) for the tests that launch it."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 # Before anything imports rclpy: never let Fast DDS discover beyond this machine.
 os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
@@ -20,3 +27,32 @@ os.environ.setdefault("DYNNET_PLAN_PROFILE", "memory")
 def pytest_configure(config):
     # `make test-subset` / .ci/run select these on every supported Python (README, Supported platforms)
     config.addinivalue_line("markers", "subset: the platform subset run on every supported interpreter")
+
+
+ROOT = Path(__file__).resolve().parents[1]
+LAUNCH_KIT = ROOT.parent / "shared" / "vendor" / "ros2-launch"
+
+
+@pytest.fixture(scope="module")
+def install(tmp_path_factory) -> dict[str, str]:
+    """colcon-built package; returns the environment `source install/local_setup.bash` gives."""
+    from dynnet_ros.zoo import ensure_model  # after the environment above is set
+
+    assert importlib.util.find_spec("launch_ros") is not None, (
+        f"{LAUNCH_KIT} is present but launch_ros is not installed here: run `make test` (it runs the kit's "
+        f"install.sh) or {LAUNCH_KIT}/install.sh {Path(sys.executable).parents[1]}")
+    for task in ("lane", "pedestrian", "depth"):
+        ensure_model(task)
+    tmp = tmp_path_factory.mktemp("colcon")
+    colcon = Path(sys.executable).with_name("colcon")
+    result = subprocess.run([str(colcon), "--log-base", str(tmp / "log"), "build", "--base-paths", str(ROOT),
+                             "--build-base", str(tmp / "build"), "--install-base", str(tmp / "install")],
+                            cwd=tmp, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    base = {k: v for k, v in os.environ.items() if k not in ("AMENT_PREFIX_PATH", "PYTHONPATH")}
+    out = subprocess.run(["bash", "-c", f"source {tmp}/install/local_setup.bash && env -0"],
+                         capture_output=True, env=base, cwd=tmp, timeout=60, check=True).stdout
+    env = dict(item.split("=", 1) for item in out.decode().split("\0") if "=" in item)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["INSTALL_PREFIX"] = str(tmp / "install" / "dynnet_ros")
+    return env

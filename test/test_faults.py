@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from _up import Up
+from _up import Up, separate_processes
 from _waiting import wait_for
 from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.srv import GetParameters
@@ -73,8 +73,9 @@ class MemoryTree:
 
 
 def fault_graph(path: Path, memory_root: Path) -> Path:
-    """The vehicle graph, light (small camera at 4 Hz), manager reading ``memory_root``."""
-    data = yaml.safe_load(default_config_path().read_text())
+    """The vehicle graph, light (small camera at 4 Hz), manager reading ``memory_root``, each node
+    in a process of its own (each is killed on its own)."""
+    data = separate_processes(yaml.safe_load(default_config_path().read_text()))
     for node in data["nodes"]:
         params = node.setdefault("parameters", {})
         if node["name"] == "sensor_sim":

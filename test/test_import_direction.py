@@ -84,7 +84,9 @@ OPTIONAL_IMPORTS = ("tensorrt", "pycuda", "vision_msgs", "launch", "launch_ros",
                     # cost model, plots, the CLI's terminal UI): a serving process never pays for them
                     "pymoo", "xgboost", "matplotlib", "rich",
                     # image codecs, loaded by a node's first compressed camera frame (or dynnet sim --compress)
-                    "PIL", "simplejpeg")
+                    "PIL", "simplejpeg",
+                    # composable-node services, served by the container where a ROS install has them
+                    "composition_interfaces")
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ Runs wherever `launch`/`launch_ros` import: a system ROS 2, or this venv with th
 launches, together covering every launch argument: all defaults, then `use_sim:=false
 config:=<custom> namespace:=<ns>`. Each checks that the config's nodes come up with its parameters,
 remappings and namespace, that outputs publish, that the processes match what `dynnet up` starts
-for the same arguments, that a node killed with SIGKILL is respawned as the config's respawn keys
+for the same arguments (the default config's component container and the nodes it hosts, each
+with the arguments it would have on its own; the custom config takes the depth node out of the
+container into a process of its own), that a node killed with SIGKILL is respawned as the config's respawn keys
 say (the second launch kills the depth node twice: one restart, then left down), and that one
 Ctrl-C (SIGINT to the process group, as a terminal sends it) stops every node cleanly, without
 launch escalating to SIGTERM/SIGKILL.
@@ -33,15 +35,23 @@ from sensor_msgs.msg import Image
 from visualization_msgs.msg import MarkerArray
 
 from dynnet_ros.commands.up import GraphRunner
-from dynnet_ros.graph_config import EXECUTABLES, default_config_path, load_graph
+from dynnet_ros.graph_config import (
+    CONTAINER,
+    CONTAINER_MODULE,
+    EXECUTABLES,
+    PLUGINS,
+    default_config_path,
+    graph_processes,
+    load_graph,
+)
 from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.nodes.convert import array_to_image
-from dynnet_ros.zoo import ensure_model
 
 ROOT = Path(__file__).resolve().parents[1]
-KIT = ROOT.parent / "shared" / "vendor" / "ros2-launch"
+KIT = ROOT.parent / "shared" / "vendor" / "ros2-launch"  # the `install` fixture (conftest.py) needs it installed
 RUNNER = Path(__file__).with_name("_launch_runner.py")
-MODULE_TO_EXECUTABLE = {module: exe for exe, module in EXECUTABLES.items()}
+MODULE_TO_EXECUTABLE = {module: exe for exe, module in {**EXECUTABLES, CONTAINER: CONTAINER_MODULE}.items()}
+PLUGIN_TO_EXECUTABLE = {plugin: exe for exe, plugin in PLUGINS.items()}
 
 
 class _ParamsLoader(yaml.SafeLoader):
@@ -64,29 +74,6 @@ def _launch_missing() -> str | None:
 
 pytestmark = [pytest.mark.skipif(_launch_missing() is not None, reason=str(_launch_missing())),
               pytest.mark.timeout(600)]
-
-
-@pytest.fixture(scope="module")
-def install(tmp_path_factory) -> dict[str, str]:
-    """colcon-built package; returns the environment `source install/local_setup.bash` gives."""
-    assert importlib.util.find_spec("launch_ros") is not None, (
-        f"{KIT} is present but launch_ros is not installed here: run `make test` (it runs the kit's install.sh) "
-        f"or {KIT}/install.sh {Path(sys.executable).parents[1]}")
-    for task in ("lane", "pedestrian", "depth"):
-        ensure_model(task)
-    tmp = tmp_path_factory.mktemp("colcon")
-    colcon = Path(sys.executable).with_name("colcon")
-    result = subprocess.run([str(colcon), "--log-base", str(tmp / "log"), "build", "--base-paths", str(ROOT),
-                             "--build-base", str(tmp / "build"), "--install-base", str(tmp / "install")],
-                            cwd=tmp, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    base = {k: v for k, v in os.environ.items() if k not in ("AMENT_PREFIX_PATH", "PYTHONPATH")}
-    out = subprocess.run(["bash", "-c", f"source {tmp}/install/local_setup.bash && env -0"],
-                         capture_output=True, env=base, cwd=tmp, timeout=60, check=True).stdout
-    env = dict(item.split("=", 1) for item in out.decode().split("\0") if "=" in item)
-    env["PYTHONUNBUFFERED"] = "1"
-    env["INSTALL_PREFIX"] = str(tmp / "install" / "dynnet_ros")
-    return env
 
 
 class Launch:
@@ -165,14 +152,30 @@ class Observer:
 
 
 def normalized_process(argv: list[str]) -> dict:
-    """Executable, ROS arguments and parameters of one node process, whichever launcher started it."""
+    """Executable, ROS arguments and parameters of one process, whichever launcher started it; a
+    container's with its components (each as its own process would be) and thread count."""
     if argv[1] == "-m":  # dynnet up: python -m MODULE
         executable, rest = MODULE_TO_EXECUTABLE[argv[2]], argv[3:]
-    elif Path(argv[1]).name in EXECUTABLES:  # launch: python .../lib/dynnet_ros/EXECUTABLE (a script)
+    elif Path(argv[1]).name in MODULE_TO_EXECUTABLE.values():  # launch: python .../lib/dynnet_ros/EXECUTABLE
         executable, rest = Path(argv[1]).name, argv[2:]
     else:
         executable, rest = Path(argv[0]).name, argv[1:]
-    assert rest[0] == "--ros-args", argv
+    components: list[dict] = []
+    threads: list[str] = []
+    if executable == CONTAINER:
+        before = rest[:rest.index("--ros-args")]
+        rest = rest[len(before):]
+        options = dict(zip(before[::2], before[1::2]))
+        threads = ["--threads", options["--threads"]]
+        entries = yaml.safe_load(Path(options["--components"]).read_text())["components"]
+        components = [dict(normalized_arguments(entry["ros_args"]), executable=PLUGIN_TO_EXECUTABLE[entry["plugin"]],
+                           components=[], threads=[]) for entry in entries]
+    return dict(normalized_arguments(rest), executable=executable, components=components, threads=threads)
+
+
+def normalized_arguments(rest: list[str]) -> dict:
+    """Remappings, parameters (from the parameters files) and other ROS arguments of ``--ros-args ...``."""
+    assert rest[0] == "--ros-args", rest
     remaps, params, other = [], {}, []
     i = 1
     while i < len(rest):
@@ -187,7 +190,7 @@ def normalized_process(argv: list[str]) -> dict:
         else:
             other.append(rest[i])
             i += 1
-    return {"executable": executable, "remappings": sorted(remaps), "parameters": params, "other": other}
+    return {"remappings": sorted(remaps), "parameters": params, "other": other}
 
 
 def same_value(a, b) -> bool:
@@ -204,9 +207,13 @@ def assert_same_processes(launched: list[dict], planned: list[dict]) -> None:
     assert [p["executable"] for p in launched] == [p["executable"] for p in planned]
     for got, want in zip(launched, planned):
         assert got["remappings"] == want["remappings"] and got["other"] == want["other"], (got, want)
+        assert got["threads"] == want["threads"], (got, want)
         assert got["parameters"].keys() == want["parameters"].keys(), (got, want)
         for name, value in want["parameters"].items():
             assert same_value(got["parameters"][name], value), (name, got["parameters"][name], value)
+        assert len(got["components"]) == len(want["components"]), (got, want)
+        if want["components"]:
+            assert_same_processes(got["components"], want["components"])
 
 
 def custom_config(path: Path) -> Path:
@@ -222,7 +229,7 @@ def custom_config(path: Path) -> Path:
         if node["name"] == "budget_manager":
             params.update(reserve_mb=256.0)
         if node["name"] == "depth_node":  # killed by the test: launch restarts it once, then leaves it down
-            node.update(respawn=True, respawn_delay_s=0.5, respawn_max_retries=1)
+            node.update(container=False, respawn=True, respawn_delay_s=0.5, respawn_max_retries=1)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
@@ -325,12 +332,12 @@ def run_launch(env: dict[str, str], args: list[str], config: Path, use_sim: bool
     log = launch.output()
     assert code == 0, log[-5000:]
     assert "escalating" not in log and "SIGKILL" not in log, log[-5000:]
-    for node in expected:
-        finished = [line for line in log.splitlines() if f"[{node.executable}-" in line and "process has" in line]
-        if node.name == kill:  # killed twice, respawned once
-            assert len(finished) == 2 and all("exit code -9" in line for line in finished), (node.name, log[-5000:])
+    for process in graph_processes(graph, use_sim, namespace):
+        finished = [line for line in log.splitlines() if f"[{process.executable}-" in line and "process has" in line]
+        if process.name == kill:  # killed twice, respawned once
+            assert len(finished) == 2 and all("exit code -9" in line for line in finished), (process.name, log[-5000:])
             continue
-        assert finished and all("finished cleanly" in line for line in finished), (node.name, log[-5000:])
+        assert finished and all("finished cleanly" in line for line in finished), (process.name, log[-5000:])
     assert "Traceback" not in log, log[-5000:]
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from catkin_pkg.package import parse_package
 
-from dynnet_ros.graph_config import EXECUTABLES, ON_REQUEST, default_config_path, load_graph
+from dynnet_ros.graph_config import EXECUTABLES, ON_REQUEST, default_config_path, graph_processes, load_graph
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH_FILE = ROOT / "launch" / "vehicle.launch.py"
@@ -24,9 +24,10 @@ LAUNCH_FILE = ROOT / "launch" / "vehicle.launch.py"
 # ROS packages the code imports: the import name is the rosdep key. The venv gets them from
 # PyPI's ros-* wheels pinned in requirements.txt, except those with no wheel (NO_WHEEL).
 ROS_PACKAGES = {"rclpy", "std_msgs", "sensor_msgs", "geometry_msgs", "diagnostic_msgs", "visualization_msgs",
-                "rcl_interfaces", "rosgraph_msgs", "ament_index_python", "launch", "launch_ros", "vision_msgs"}
+                "rcl_interfaces", "rosgraph_msgs", "ament_index_python", "launch", "launch_ros", "vision_msgs",
+                "composition_interfaces"}
 # PyPI has no wheel for these: rosdep installs them on a robot; without them the venv degrades (README).
-NO_WHEEL = {"launch", "launch_ros", "vision_msgs"}
+NO_WHEEL = {"launch", "launch_ros", "vision_msgs", "composition_interfaces"}
 # requirements.txt pins with no import of their own: the venv's middleware, which a ROS install
 # provides as its default, and std_msgs' message dependency pinned beside it.
 VENV_ONLY_PINS = {"ros-rmw-fastrtps-cpp", "ros-builtin-interfaces"}
@@ -239,7 +240,9 @@ def test_launch_description_builds_from_the_config():
             elif isinstance(entity, DeclareLaunchArgument):
                 assert entity.name in ("use_sim", "config", "namespace")
                 entity.execute(context)  # fills in defaults for arguments not set above
-        assert len(nodes) == len(expected)
+        processes = graph_processes(graph, use_sim == "true")
+        assert len(nodes) == len(processes)
+        assert sum(len(p.hosted) for p in processes) == len(expected)
 
 
 def test_colcon_build_installs_a_working_package(tmp_path):

@@ -19,7 +19,7 @@ from pathlib import Path
 import onnx
 import pytest
 import yaml
-from _up import Up
+from _up import Up, separate_processes
 from _waiting import wait_for
 from onnx import TensorProto, helper
 from rclpy.qos import qos_profile_sensor_data
@@ -48,8 +48,8 @@ def not_a_segmenter(path: Path) -> Path:
 
 def respawn_graph(path: Path) -> Path:
     """The vehicle graph, light (small slow camera), without the budget manager; the lane node
-    crashes at every start."""
-    data = yaml.safe_load(default_config_path().read_text())
+    crashes at every start; each node in a process of its own."""
+    data = separate_processes(yaml.safe_load(default_config_path().read_text()))
     nodes = []
     for node in data["nodes"]:
         params = node.setdefault("parameters", {})

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import yaml
@@ -10,13 +11,19 @@ from dynnet_ros.budget.cgroup import CgroupPaths
 from dynnet_ros.budget.monitors import MemorySnapshot, read_cgroup_memory, snapshot
 from dynnet_ros.cli import main as cli_main
 from dynnet_ros.graph_config import (
+    COMPONENTS,
+    CONTAINER,
     EXECUTABLES,
+    PLUGINS,
     RespawnPolicy,
     default_config_path,
     graph_processes,
     load_graph,
     node_command,
     parse_graph,
+    restart_process,
+    with_parameters,
+    write_process_files,
 )
 from dynnet_ros.nodes.parameter_check import DECLARED, check_graph_parameters, parameter_problems
 from dynnet_ros.units import MB
@@ -49,10 +56,90 @@ def test_namespaces():
 
 def test_graph_processes_select_sim_nodes_in_config_order():
     graph = load_graph(default_config_path())
-    assert [p.name for p in graph_processes(graph, use_sim=True)] == [n.name for n in graph.nodes]
-    assert [p.name for p in graph_processes(graph, use_sim=False)] == [n.name for n in graph.nodes if not n.sim]
+    hosted = lambda processes: [n.name for p in processes for n in p.hosted]  # noqa: E731
+    assert hosted(graph_processes(graph, use_sim=True)) == [n.name for n in graph.nodes]
+    assert hosted(graph_processes(graph, use_sim=False)) == [n.name for n in graph.nodes if not n.sim]
     with pytest.raises(ValueError, match="bad ROS namespace"):
         graph_processes(graph, namespace="/a b")
+
+
+def test_the_vehicle_graph_runs_the_model_nodes_and_the_manager_in_one_container():
+    graph = load_graph(default_config_path())
+    sim, container = graph_processes(graph, namespace="/car")
+    assert sim.executable == "sensor_sim" and not sim.components
+    assert container.executable == CONTAINER and container.name == "model_container"
+    assert [n.name for n in container.components] == ["lane_node", "pedestrian_node", "depth_node", "budget_manager"]
+    assert all(n.namespace == "/car" for n in container.components)
+    assert container.respawn == graph.containers["model_container"].respawn
+    assert container.executor_threads() == 5  # threads: 0 -> one per node, plus one
+
+
+def _grouped(*nodes: dict, containers: dict | None = None) -> dict:
+    return {"containers": containers if containers is not None else {"models": {"respawn_delay_s": 0.3}},
+            "nodes": list(nodes)}
+
+
+def test_container_groups_become_processes_where_their_first_node_is():
+    graph = parse_graph(_grouped(
+        {"name": "sim", "executable": "sensor_sim", "sim": True, "container": "models"},
+        {"name": "alone", "executable": "budget_manager", "container": False, "respawn_max_retries": 1},
+        {"name": "lane", "executable": "lane_node", "container": "models", "remappings": {"lane/mask": "m"}},
+        {"name": "depth", "executable": "depth_node", "container": "models", "parameters": {"threads": 2}},
+        containers={"models": {"threads": 3, "respawn_delay_s": 0.3}}))
+    models, alone = graph_processes(graph)
+    assert models.name == "models" and [n.name for n in models.components] == ["sim", "lane", "depth"]
+    assert models.executor_threads() == 3 and models.respawn.delay_s == 0.3
+    assert alone.name == "alone" and alone.respawn.max_retries == 1 and not alone.components
+    # without the simulator, two nodes still share the container
+    [_, models] = graph_processes(graph, use_sim=False)
+    assert [n.name for n in models.components] == ["lane", "depth"]
+    # a group of one is a plain process with the container's respawn keys
+    single = parse_graph(_grouped({"name": "sim", "executable": "sensor_sim", "sim": True, "container": "models"},
+                                  {"name": "lane", "executable": "lane_node", "container": "models"}))
+    [lane] = graph_processes(single, use_sim=False)
+    assert lane.executable == "lane_node" and not lane.components and lane.respawn.delay_s == 0.3
+
+
+def test_a_container_command_names_its_components_file_and_each_node_gets_its_standalone_arguments(tmp_path):
+    graph = parse_graph(_grouped(
+        {"name": "lane", "executable": "lane_node", "container": "models", "parameters": {"lane_threshold": 0.7},
+         "remappings": {"lane/mask": "lane/remapped"}},
+        {"name": "manager", "executable": "budget_manager", "container": "models"}))
+    [container] = graph_processes(graph, namespace="/ns")
+    path = write_process_files(container, tmp_path)
+    cmd = node_command(container, path, python="py")
+    assert cmd[:3] == ["py", "-m", "dynnet_ros.nodes.container"]
+    assert cmd[3:7] == ["--components", str(path), "--threads", "3"]
+    assert cmd[7:] == ["--ros-args", "-r", "__node:=models", "-r", "__ns:=/ns"]
+    [lane, manager] = yaml.safe_load(path.read_text())["components"]
+    assert lane["plugin"] == "dynnet_ros::LaneNode" and manager["plugin"] == "dynnet_ros::BudgetManager"
+    # exactly the arguments a process of its own would have after python -m MODULE
+    alone = parse_graph({"nodes": [{"name": "lane", "executable": "lane_node", "parameters": {"lane_threshold": 0.7},
+                                    "remappings": {"lane/mask": "lane/remapped"}}]})
+    [own] = graph_processes(alone, namespace="/ns")
+    assert lane["ros_args"] == node_command(own, tmp_path / "lane.yaml", python="py")[3:]
+    assert yaml.safe_load((tmp_path / "lane.yaml").read_text()) == own.params_file_data()
+    assert manager["ros_args"] == ["--ros-args", "-r", "__node:=manager", "-r", "__ns:=/ns"]
+
+
+def test_a_restarted_container_gives_each_node_its_own_run_time_values():
+    graph = parse_graph(_grouped(
+        {"name": "lane", "executable": "lane_node", "container": "models", "parameters": {"lane_threshold": 0.5}},
+        {"name": "depth", "executable": "depth_node", "container": "models", "parameters": {"threads": 1}}))
+    [container] = graph_processes(graph, namespace="/ns")
+    again = restart_process(container, {"/ns/lane": {"lane_threshold": 0.8}, "/ns/other": {"threads": 4}})
+    lane, depth = again.components
+    assert lane.parameters == {"lane_threshold": 0.8} and depth.parameters == {"threads": 1}
+    sim_time = with_parameters(container, {"use_sim_time": True})
+    assert all(n.parameters["use_sim_time"] is True for n in sim_time.components)
+
+
+def test_the_component_plugins_are_the_entry_points_setup_py_registers():
+    setup = (Path(__file__).resolve().parents[1] / "setup.py").read_text()
+    for plugin, target in COMPONENTS.items():
+        assert f'"{plugin}": "{target}"' in setup
+    assert set(PLUGINS) == set(EXECUTABLES)
+    assert set(PLUGINS.values()) == set(COMPONENTS)
 
 
 def test_node_command_uses_params_file_and_remappings(tmp_path):
@@ -86,6 +173,22 @@ def test_node_command_uses_params_file_and_remappings(tmp_path):
     ({"nodes": [{"name": "a", "executable": "lane_node", "respawn_max_retries": -1}]}, "'respawn_max_retries'"),
     ({"nodes": [{"name": "a", "executable": "lane_node", "respawn_window_s": 0}]}, "'respawn_window_s' must be"),
     ({"nodes": [{"name": "a", "executable": "lane_node", "respawn_delay_s": float("inf")}]}, "'respawn_delay_s'"),
+    ({"nodes": [{"name": "a", "executable": "lane_node", "container": "c"}]}, "none are defined"),
+    ({"nodes": [{"name": "a", "executable": "lane_node", "container": True}], "containers": {"c": {}}},
+     "'container' must be false or a container"),
+    ({"nodes": [{"name": "a", "executable": "lane_node", "container": "c", "respawn": False}], "containers": {"c": {}}},
+     r"\['respawn'\] apply to a process.*containers.c"),
+    ({"nodes": [{"name": "a", "executable": "lane_node"}], "containers": {"c": {}}}, r"\['c'\] hold no node"),
+    ({"nodes": [{"name": "a", "executable": "lane_node", "container": "c"}], "containers": {"c": {"colour": 1}}},
+     "container 'c': unknown key"),
+    ({"nodes": [{"name": "a", "executable": "lane_node", "container": "c"}], "containers": {"c": {"threads": -1}}},
+     "'threads' must be an integer"),
+    ({"nodes": [{"name": "a", "executable": "lane_node", "container": "c"}], "containers": {"c": {"respawn": 2}}},
+     "container 'c': 'respawn' must be"),
+    ({"nodes": [{"name": "a", "executable": "lane_node", "container": "a"}], "containers": {"a": {}}},
+     "a container has the same name"),
+    ({"nodes": [{"name": "a", "executable": "lane_node"}], "containers": ["c"]}, "'containers' must be a mapping"),
+    ({"nodes": [{"name": "a", "executable": "lane_node"}], "containers": {"c d": {}}}, "container name must be"),
 ])
 def test_bad_graph_configs_name_the_problem(data, reason):
     with pytest.raises(ValueError, match=reason):

@@ -44,6 +44,8 @@ NS = f"/dyntest_{os.getpid()}"
 RESOLUTIONS = [(320, 240), (256, 144)]
 MODEL_NODES = ("lane_node", "pedestrian_node", "depth_node")
 ALL_NODES = ("sensor_sim",) + MODEL_NODES + ("budget_manager",)
+#: the default config's processes: the simulator, and the container with the model nodes and the manager
+PROCESSES = ("sensor_sim", "model_container")
 
 pytestmark = pytest.mark.timeout(480)
 
@@ -156,7 +158,7 @@ def graph(tmp_path_factory):
                             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=dict(os.environ))
     observer = Observer()
     try:
-        wait_for(lambda: len(psutil.Process(proc.pid).children()) == len(ALL_NODES) or proc.poll() is not None,
+        wait_for(lambda: len(psutil.Process(proc.pid).children()) == len(PROCESSES) or proc.poll() is not None,
                  240, "dynnet up to start its nodes")  # includes measuring footprints on a cold cache
         assert proc.poll() is None, (tmp / "up.log").read_text()
         children = psutil.Process(proc.pid).children(recursive=True)
@@ -500,7 +502,7 @@ def test_simulator_encoding_switch_to_bgr8(graph):
 def test_sigint_to_dynnet_up_leaves_no_child_alive(graph):
     proc: subprocess.Popen = graph["proc"]
     children = graph["children"]
-    assert len(children) == len(ALL_NODES) and all(c.is_running() for c in children)
+    assert len(children) == len(PROCESSES) and all(c.is_running() for c in children)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=40) == 0, graph["log"].read_text()[-3000:]
     gone, alive = psutil.wait_procs(children, timeout=5)

@@ -2,7 +2,8 @@
 
 A single node (run_node around a stand-in factory) is stopped while it builds, while a callback
 runs and while its model runs a frame; then the whole graph (`dynnet up`'s GraphRunner) is
-started and stopped ten times, in three stop orders, and no node may need SIGTERM or SIGKILL.
+started and stopped ten times, in four stop orders, with the model nodes and the manager in their
+container or each in a process of its own, and no process may need SIGTERM or SIGKILL.
 The only timeouts are the generous escalation steps themselves.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ import threading
 
 import pytest
 import yaml
+from _up import separate_processes
 from _waiting import wait_for
 from diagnostic_msgs.msg import DiagnosticArray
 
@@ -191,13 +193,17 @@ def test_ten_graph_start_stop_cycles_need_no_escalation():
     for task in ("lane", "pedestrian", "depth"):
         ensure_model(task)
     namespace = f"/shutdown_{os.getpid()}"
-    graph = parse_graph(light_graph(), "light graph")
+    composed = parse_graph(light_graph(), "light graph")
+    separate = parse_graph(separate_processes(light_graph()), "light graph, a process per node")
     reporters = Reporters(namespace)
-    # stop orders: everything at once; model nodes first (the budget manager's peers gone first);
-    # the budget manager first
-    orders = [(), MODEL_NODES, ("budget_manager",)]
+    # stop orders: everything at once (model nodes and manager in their container); model nodes
+    # first (the budget manager's peers gone first); the budget manager first; the container
+    # (models and manager at once) before the simulator
+    orders = [(composed, ()), (separate, MODEL_NODES), (separate, ("budget_manager",)),
+              (composed, ("model_container",))]
     try:
         for cycle in range(10):
-            cycle_start_stop(graph, namespace, reporters, orders[cycle % len(orders)], f"cycle {cycle}")
+            graph, first = orders[cycle % len(orders)]
+            cycle_start_stop(graph, namespace, reporters, first, f"cycle {cycle}")
     finally:
         reporters.ros.close()

@@ -244,14 +244,14 @@ def run(args: argparse.Namespace) -> int:
     console = Console() if sys.stdout.isatty() else Console(width=120)  # logs: keep the table readable
     runner = GraphRunner(config, use_sim=bag_replay is None, sink=sink, namespace=args.namespace,
                          sim_time=bag_replay is not None)
-    console.print(f"dynnet demo: building/loading the zoo models, then {len(runner.nodes)} nodes for "
+    console.print(f"dynnet demo: building/loading the zoo models, then {len(runner.hosted_nodes())} nodes for "
                   f"{args.duration:.0f} s (ROS_DOMAIN_ID={os.environ.get('ROS_DOMAIN_ID', '0')})")
     status = 0
     t0 = time.monotonic()
     depth = [n for n in config.nodes if n.executable == "depth_node"]
     recorder = DiagnosticsRecorder(t0, runner.namespace,
                                    depth[0].parameters.get("lidar_to_camera") if depth else None)
-    models = sum(1 for n in runner.nodes if n.executable.removesuffix("_node") in MODEL_TASKS)
+    models = sum(1 for n in runner.hosted_nodes() if n.executable.removesuffix("_node") in MODEL_TASKS)
     with StopRequest() as stop:
         try:
             runner.start()

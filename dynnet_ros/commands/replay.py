@@ -119,7 +119,7 @@ def open_checked(path: str, topics: list[str] | None = None, remaps: tuple[Remap
 
 def model_nodes(runner: GraphRunner) -> list[str]:
     """Fully qualified names of the graph's nodes that consume the sensor topics."""
-    return [fq_node_name(n) for n in runner.nodes if n.executable in SENSOR_CONSUMERS]
+    return [fq_node_name(n) for n in runner.hosted_nodes() if n.executable in SENSOR_CONSUMERS]
 
 
 def camera_transport(node: ProcessSpec, plan: TopicPlan) -> ProcessSpec:
@@ -250,7 +250,7 @@ def replay(args: argparse.Namespace, bag: Bag, plan: TopicPlan, pacing: Pacing, 
                   "compressed", flush=True)
     span_s = (bag.end_ns - bag.start_ns) / 1e9
     target = "the ROS graph as it is (--no-graph: no nodes started)" if runner is None or config is None else \
-        f"{len(runner.nodes)} nodes from {config.source}"
+        f"{len(runner.hosted_nodes())} nodes from {config.source}"
     print(f"dynnet replay: {bag.path}: {plan.message_count} messages on {len(plan.played)} topics over "
           f"{span_s:.1f} s, at {pacing.rate:g}x{' in a loop' if pacing.loop else ''}, into {target}; Ctrl-C stops",
           flush=True)
@@ -259,7 +259,7 @@ def replay(args: argparse.Namespace, bag: Bag, plan: TopicPlan, pacing: Pacing, 
     player = BagPlayer(plan, pacing, namespace=args.namespace, frame_wait_s=args.frame_timeout)
     if runner is not None and args.record is not None:  # what the graph and the player publish, on the bag's time
         runner.nodes.append(recorder_process(runner.namespace, args.record, "mcap",
-                                             [fq_node_name(n) for n in runner.nodes]
+                                             [fq_node_name(n) for n in runner.hosted_nodes()]
                                              + [player.node.get_fully_qualified_name()], sim_time=True))
     supervision: Supervision | None = None
     unread_models: list[str] = []  # model nodes subscribed to none of the bag's camera topics
@@ -345,8 +345,8 @@ def report_frames(player: BagPlayer, frame_timeout_s: float) -> int:
 def _wait_for_recorder(graph: GraphRunner, player: BagPlayer, stop: threading.Event) -> None:
     """Hold the bag until the recorder subscribes to every topic the graph and the player publish,
     so the recording starts with the first played frame and its outputs."""
-    recorder = next(fq_node_name(n) for n in graph.nodes if n.executable == "recorder")
-    others = [fq_node_name(n) for n in graph.nodes if n.executable != "recorder"]
+    recorder = next(fq_node_name(n) for n in graph.hosted_nodes() if n.executable == "recorder")
+    others = [fq_node_name(n) for n in graph.hosted_nodes() if n.executable != "recorder"]
     storable = standard_typestore().fielddefs  # what the recorder can write; it skips the rest
     missing = wait_for_recorder(player.node, recorder, [*others, player.node.get_fully_qualified_name()],
                                 stop, RECORDER_WAIT_S, storable=lambda msgtype: msgtype in storable)

@@ -1,23 +1,27 @@
 """`dynnet up`: start the vehicle graph from config/vehicle.yaml as plain processes.
 
-The same nodes `ros2 launch dynnet_ros vehicle.launch.py` starts, without needing `launch`:
-one `python -m dynnet_ros.nodes.<x> --ros-args ...` process per node, each in its own process
-group, output forwarded line by line with a `[name]` prefix. Ctrl-C/SIGTERM (or --duration)
-stops them all with SIGINT; a node that needs SIGTERM or SIGKILL after a timeout makes the run a
+The same processes `ros2 launch dynnet_ros vehicle.launch.py` starts, without needing `launch`:
+one `python -m dynnet_ros.nodes.<x> --ros-args ...` process per node, or one component container
+(`python -m dynnet_ros.nodes.container --components FILE ...`) per group of nodes the config puts
+in one, each process in its own process group, output forwarded line by line with a `[name]`
+prefix (a container's nodes share its prefix; their log lines name them). Ctrl-C/SIGTERM (or
+--duration) stops them all with SIGINT; a node that needs SIGTERM or SIGKILL after a timeout makes the run a
 failure (exit status 1, the node named on stderr). Children
 also get SIGTERM from the kernel if `dynnet up` itself is killed (PR_SET_PDEATHSIG).
 
-A node that dies on its own (a crash, the kernel's OOM killer) is restarted under its
-RespawnPolicy while the others keep running; one that keeps crashing, has respawn off, or exits
-with status 0 unasked is left down, reported as an ERROR line (`[dynnet up] ERROR: ...`) and on
-stderr, and makes the run a failure; so does a node that crashed again after a restart (a crash
-loop not yet at its limit when the run ends) or is still down awaiting a restart at the end.
+A process that dies on its own (a crash, the kernel's OOM killer) is restarted under its
+RespawnPolicy (a container with all its nodes) while the others keep running; one that keeps
+crashing, has respawn off, or exits with status 0 unasked is left down, reported as an ERROR
+line (`[dynnet up] ERROR: ...`) and on stderr, and makes the run a failure; so does one that
+crashed again after a restart (a crash loop not yet at its limit when the run ends) or is still
+down awaiting a restart at the end.
 
 With its ROS link (`dynnet up` itself; nodes/supervisor_link.py) the supervisor also tells an
 OOM kill from another SIGKILL (budget/oom.py: kernel counters read around the death), reports
 it to the budget manager on dynnet/node_events and waits up to OOM_ANSWER_TIMEOUT_S for the
 manager's answer, so the node restarts with the lowered budget; and it restarts every node with
-the parameter values set on it at run time (seen on /parameter_events) over the config's.
+the parameter values set on it at run time (seen on /parameter_events) over the config's; a
+container's nodes each get their own.
 
 With ``--record`` the model nodes start with ``enabled: false`` and the supervisor enables each
 one once the recorder has a message from each of its sensor inputs and subscribes to each of its
@@ -40,8 +44,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
-
 from dynnet_ros.budget.oom import MemorySignals, oom_evidence, process_cgroup, read_signals
 from dynnet_ros.budget.protocol import BUDGET_PARAM, OWNER_PARAM, NodeEvent
 from dynnet_ros.commands import CommandError
@@ -57,16 +59,18 @@ from dynnet_ros.graph_config import (
     load_graph,
     node_command,
     recorder_process,
-    restart_spec,
+    restart_process,
     validate_namespace,
     view_process,
+    with_parameters,
+    write_process_files,
 )
 from dynnet_ros.nodes.recording_graph import unrecorded_inputs
 from dynnet_ros.nodes.supervisor_link import SupervisorLink
 from dynnet_ros.view import DEFAULT_PORT
 
 NAME = "up"
-HELP = "start the vehicle graph (config/vehicle.yaml) as separate processes; Ctrl-C stops it"
+HELP = "start the vehicle graph (config/vehicle.yaml): its processes and containers; Ctrl-C stops it"
 
 _PR_SET_PDEATHSIG = 1
 #: how often the supervisor reads each live node's memory counters (the "before" of an OOM verdict)
@@ -135,7 +139,8 @@ class Child:
     signals: MemorySignals = field(default_factory=MemorySignals)  # its latest memory counters
     earlier: MemorySignals | None = None  # the reading before that: the baseline at its death
     signals_at: float = -1.0e9
-    oom_event: int | None = None  # the NodeEvent number of its last OOM kill, until it restarts
+    #: the NodeEvent number of each hosted node's last OOM kill (fully qualified name), until it restarts
+    oom_events: dict[str, int] = field(default_factory=dict)
     answer_deadline: float = 0.0  # restart without the manager's answer after this
 
 
@@ -173,7 +178,7 @@ class GraphRunner:
         self.namespace = validate_namespace(namespace)
         self.nodes = graph_processes(config, use_sim, self.namespace)
         if sim_time:  # every node's ROS time follows /clock (`dynnet replay` publishes a bag's time there)
-            self.nodes = [replace(n, parameters={**n.parameters, "use_sim_time": True}) for n in self.nodes]
+            self.nodes = [with_parameters(n, {"use_sim_time": True}) for n in self.nodes]
         if not self.nodes:
             raise CommandError(f"{config.source}: no nodes to start (all are sim nodes and --no-sim was given)")
         self.nodes += extra  # processes the command line adds (`--foxglove`), supervised like the rest
@@ -200,27 +205,29 @@ class GraphRunner:
             sys.stdout.write(f"[{name}] {line}\n")
             sys.stdout.flush()
 
+    def hosted_nodes(self) -> list[ProcessSpec]:
+        """Every node the graph runs, a container's one by one, in process order."""
+        return [node for process in self.nodes for node in process.hosted]
+
     def prepare_models(self) -> None:
         """Build the zoo models the graph uses and measure each model's footprint at its size
         classes, one model at a time, before the nodes race to do both at once (in a child: the
         supervisor never loads the engine)."""
-        measure_in_child(self.nodes, lambda message: self._report("INFO", message))
+        measure_in_child(self.hosted_nodes(), lambda message: self._report("INFO", message))
 
     def commands(self) -> list[tuple[ProcessSpec, list[str]]]:
-        """Each node's argv, its parameters written to the params file the argv names."""
-        commands = []
-        for node in self.nodes:
-            params_file = Path(self._tmp.name) / f"{node.name}.yaml"
-            params_file.write_text(yaml.safe_dump(node.params_file_data(), sort_keys=False))
-            commands.append((node, node_command(node, params_file)))
-        return commands
+        """Each process's argv, what it reads at start (parameters, a container's components)
+        written to the files the argv names."""
+        return [(process, node_command(process, write_process_files(process, self._tmp.name)))
+                for process in self.nodes]
 
     def start(self) -> None:
         self.prepare_models()
         if self._ros_link:
-            recorder = next((fq_node_name(n) for n in self.nodes if n.executable == "recorder"), None)
-            self.link = SupervisorLink(self.namespace, [fq_node_name(n) for n in self.nodes], self.runtime,
-                                       self._on_parameter_change, recorder=recorder)
+            nodes = [fq_node_name(n) for n in self.hosted_nodes()]
+            recorder = next((fq_node_name(n) for n in self.hosted_nodes() if n.executable == "recorder"), None)
+            self.link = SupervisorLink(self.namespace, nodes, self.runtime, self._on_parameter_change,
+                                       recorder=recorder)
         for node, cmd in self.commands():
             proc, reader = self._spawn(node.name, cmd)
             self.children.append(Child(node, cmd, proc, reader))
@@ -243,7 +250,7 @@ class GraphRunner:
             self.own_changes.discard((node, name))
             return
         if name not in (BUDGET_PARAM, OWNER_PARAM):  # the budget manager's pushes are logged on its side
-            short = next((n.name for n in self.nodes if fq_node_name(n) == node), node)
+            short = next((n.name for n in self.hosted_nodes() if fq_node_name(n) == node), node)
             self._report("INFO", f"{short} {name} = {value!r} set at run time; kept for its restarts")
 
     def supervise(self) -> None:
@@ -272,12 +279,14 @@ class GraphRunner:
 
     def _manager_up(self) -> bool:
         """A budget manager of this graph is running (it answers OOM kills)."""
-        return any(c.node.executable == "budget_manager" and c.restart_at is None and c.proc.poll() is None
-                   and c.node.name not in self.left_down for c in self.children)
+        return any(any(n.executable == "budget_manager" for n in c.node.hosted) and c.restart_at is None
+                   and c.proc.poll() is None and c.node.name not in self.left_down for c in self.children)
 
     def _answered(self, child: Child, now: float) -> bool:
-        """An OOM-killed node restarts once the manager answered (or it waited long enough)."""
-        if child.oom_event is None or self.link is None or self.link.oom_answer(child.oom_event) is not None:
+        """An OOM-killed process restarts once the manager answered for each of its nodes (or it
+        waited long enough)."""
+        link = self.link
+        if link is None or all(link.oom_answer(event) is not None for event in child.oom_events.values()):
             return True
         if now < child.answer_deadline and self._manager_up():
             return False
@@ -311,12 +320,15 @@ class GraphRunner:
             child.restart_at = now + delay
             self._report("WARN", f"{name} {what}; restarting in {delay:g} s "
                                  f"(restart {crashes} of {policy.max_retries} within {policy.window_s:g} s)")
-        self._events += 1
-        child.oom_event = self._events if evidence is not None else None
+        child.oom_events = {}
         child.answer_deadline = now + (delay or 0.0) + OOM_ANSWER_TIMEOUT_S
-        if self.link is not None:
-            self.link.publish(NodeEvent(fq_node_name(child.node), "exit" if evidence is None else "oom_kill",
-                                        self._events, code, child.proc.pid, evidence or "", delay))
+        for node in child.node.hosted:  # a container's death is each of its nodes' death
+            self._events += 1
+            if evidence is not None:
+                child.oom_events[fq_node_name(node)] = self._events
+            if self.link is not None:
+                self.link.publish(NodeEvent(fq_node_name(node), "exit" if evidence is None else "oom_kill",
+                                            self._events, code, child.proc.pid, evidence or "", delay))
 
     def _death_readings(self, child: Child) -> tuple[MemorySignals, MemorySignals]:
         """(before, after) for the OOM verdict on a node found dead.
@@ -334,24 +346,31 @@ class GraphRunner:
         self._report("ERROR", f"{name} {reason}")
 
     def _restart(self, child: Child) -> None:
-        """Start the node again: its config's parameters, the values set at run time over them,
-        and the budget manager's lowered budget after an OOM kill over those."""
-        overrides = self.runtime.for_node(fq_node_name(child.node))
-        notes = [f"values set at run time: {', '.join(f'{k}={v!r}' for k, v in sorted(overrides.items()))}"] \
-            if overrides else []
-        answer = None if child.oom_event is None or self.link is None else self.link.oom_answer(child.oom_event)
-        if answer is not None and answer.get("start_budget_mb") is not None:
-            overrides[BUDGET_PARAM] = float(answer["start_budget_mb"])
-            notes.append(f"{BUDGET_PARAM}={overrides[BUDGET_PARAM]!r} from the budget manager's answer to its "
-                         "OOM kill")
+        """Start the process again: each node with its config's parameters, the values set on it
+        at run time over them, and the budget manager's lowered budget after an OOM kill over those."""
+        overrides: dict[str, dict[str, Any]] = {}
+        notes = []
+        for node in child.node.hosted:
+            name = fq_node_name(node)
+            values = self.runtime.for_node(name)
+            whose = f" on {node.name}" if child.node.components else ""
+            if values:
+                notes.append(f"values set at run time{whose}: "
+                             f"{', '.join(f'{k}={v!r}' for k, v in sorted(values.items()))}")
+            event = child.oom_events.get(name)
+            answer = None if event is None or self.link is None else self.link.oom_answer(event)
+            if answer is not None and answer.get("start_budget_mb") is not None:
+                values[BUDGET_PARAM] = float(answer["start_budget_mb"])
+                notes.append(f"{BUDGET_PARAM}={values[BUDGET_PARAM]!r}{whose} from the budget manager's answer "
+                             "to its OOM kill")
+            if values:
+                overrides[name] = values
         argv = child.argv
         if overrides:
-            spec = restart_spec(child.node, overrides)
-            params_file = Path(self._tmp.name) / f"{child.node.name}.restart.yaml"
-            params_file.write_text(yaml.safe_dump(spec.params_file_data(), sort_keys=False))
-            argv = node_command(spec, params_file)
+            spec = restart_process(child.node, overrides)
+            argv = node_command(spec, write_process_files(spec, self._tmp.name, suffix=".restart"))
         child.proc, child.reader = self._spawn(child.node.name, argv)
-        child.restart_at, child.oom_event = None, None
+        child.restart_at, child.oom_events = None, {}
         child.signals, child.earlier, child.signals_at = MemorySignals(), None, -1.0e9
         child.restarts += 1
         self._report("INFO", f"{child.node.name} restarted (pid {child.proc.pid})"
@@ -466,11 +485,15 @@ class RecordingHold:
     @staticmethod
     def hold(runner: GraphRunner) -> list[str]:
         """Start the graph's model nodes with ``enabled: false``; their fully qualified names."""
-        held = [n.name for n in runner.nodes if n.executable in HELD_EXECUTABLES
+        held = [n.name for n in runner.hosted_nodes() if n.executable in HELD_EXECUTABLES
                 and n.parameters.get("enabled", True) is not False]
-        runner.nodes = [replace(n, parameters={**n.parameters, "enabled": False}) if n.name in held else n
-                        for n in runner.nodes]
-        return [fq_node_name(n) for n in runner.nodes if n.name in held]
+
+        def disabled(node: ProcessSpec) -> ProcessSpec:
+            if node.components:
+                return replace(node, components=tuple(disabled(n) for n in node.components))
+            return replace(node, parameters={**node.parameters, "enabled": False}) if node.name in held else node
+        runner.nodes = [disabled(n) for n in runner.nodes]
+        return [fq_node_name(n) for n in runner.hosted_nodes() if n.name in held]
 
     def done(self) -> bool:
         return not self.waiting
@@ -564,13 +587,15 @@ def run(args: argparse.Namespace) -> int:
                          memory_root=args.memory_root, extra=extra)
     hold: RecordingHold | None = None
     if args.record is not None:  # follows every node started so far: the inputs and every output
-        recorder = recorder_process(runner.namespace, args.record, "mcap", [fq_node_name(n) for n in runner.nodes])
+        recorder = recorder_process(runner.namespace, args.record, "mcap",
+                                    [fq_node_name(n) for n in runner.hosted_nodes()])
         held = RecordingHold.hold(runner)
         runner.nodes.append(recorder)
         if held:
             hold = RecordingHold(runner, fq_node_name(recorder), held)
     env = runner.env
-    print(f"dynnet up: {len(runner.nodes)} nodes from {config.source} "
+    processes = f" in {len(runner.nodes)} processes" if len(runner.nodes) != len(runner.hosted_nodes()) else ""
+    print(f"dynnet up: {len(runner.hosted_nodes())} nodes{processes} from {config.source} "
           f"(ROS_DOMAIN_ID={env.get('ROS_DOMAIN_ID', '0')}, "
           f"ROS_AUTOMATIC_DISCOVERY_RANGE={env['ROS_AUTOMATIC_DISCOVERY_RANGE']}"
           f"{', namespace ' + runner.namespace if runner.namespace else ''}); Ctrl-C stops",

@@ -20,7 +20,7 @@ from rcl_interfaces.srv import SetParameters
 from rclpy.callback_groups import CallbackGroup
 from rclpy.clock import Clock, ClockType
 from rclpy.exceptions import ParameterNotDeclaredException
-from rclpy.executors import MultiThreadedExecutor
+from rclpy.executors import Executor, MultiThreadedExecutor
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.parameter_service import ParameterService
@@ -192,35 +192,57 @@ def _busy_threads(grace_s: float) -> list[str]:
 
 
 def run_node(factory: Callable[[], Node], args: list[str] | None = None) -> int:
+    """One node in its own process: ``serve`` with the node ``factory`` builds, on two threads.
+
+    Two threads: a slow parameter change (loading a model, re-planning a budget) does not stall
+    the sensor callbacks that ModelNode puts in their own group.
+    """
+    def build(_executor: Executor) -> Callable[[], list[Node]]:
+        node = factory()
+        _executor.add_node(node)
+        return lambda: [node]
+    return serve(getattr(factory, "__name__", "node"), build, args, threads=2)
+
+
+def serve(name: str, build: Callable[[Executor], Callable[[], list[Node]]], args: list[str] | None = None, *,
+          threads: int = 2, on_callback_error: Callable[[Exception], None] | None = None) -> int:
     """rclpy.init, spin until SIGINT/SIGTERM, then shut down in order; exit code 0 on a stop signal.
+
+    ``build(executor)`` creates the process's nodes, adds them to the executor and returns what
+    lists the nodes hosted at the time of the call (a container loads and unloads nodes while it
+    runs). ``on_callback_error``: an exception a callback raised, handed over instead of ending
+    the process (a component container reports it and keeps its other nodes serving).
 
     Startup errors (bad parameters, a model that does not load) print one line and exit 1.
     Shutdown order (stop_signal.py says why rclpy's signal handlers are not used): stop taking
-    work, close the node (its worker threads and engine), destroy it, shut the context down, give
-    a callback still running CALLBACK_GRACE_S to end, then exit without it — and without any
-    thread the node's ``unfinished_work()`` names (a frame its ``close`` could not wait out).
+    work, tell every node's own threads to stop (``stop_work()``, where a node has it), close
+    each node (its worker threads and engine), destroy it, shut the context down, give a callback
+    still running CALLBACK_GRACE_S to end, then exit without it — and without any thread a
+    node's ``unfinished_work()`` names (a frame its ``close`` could not wait out).
     """
-    name = getattr(factory, "__name__", "node")
-    unfinished: list[str] = []  # the node's own threads its close() left running
+    unfinished: list[str] = []  # the nodes' own threads their close() left running
     with StopSignal() as stop:
         try:
             with rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO):
-                with stop.starting():
-                    node = factory()
+                executor = MultiThreadedExecutor(num_threads=threads)
+                hosted: Callable[[], list[Node]] = list
                 try:
-                    # two threads: a slow parameter change (loading a model, re-planning a budget)
-                    # does not stall the sensor callbacks that ModelNode puts in their own group
-                    executor = MultiThreadedExecutor(num_threads=2)
-                    executor.add_node(node)
+                    with stop.starting():
+                        hosted = build(executor)
                     while not stop.requested:  # the future wakes it at once; the poll is a fallback
-                        executor.spin_until_future_complete(stop.future, timeout_sec=STOP_POLL_S)
+                        try:
+                            executor.spin_until_future_complete(stop.future, timeout_sec=STOP_POLL_S)
+                        except Exception as exc:  # noqa: BLE001 — handed to the host, which reports it
+                            if on_callback_error is None:
+                                raise
+                            on_callback_error(exc)
                     executor.shutdown(timeout_sec=0, wait_for_threads=False)  # idle workers end
                 finally:
-                    close = getattr(node, "close", None)
-                    if close is not None:
-                        close()
-                        unfinished = list(getattr(node, "unfinished_work", list)())
-                    node.destroy_node()
+                    nodes = list(reversed(hosted()))
+                    for node in nodes:  # every node's threads stop together ...
+                        getattr(node, "stop_work", lambda: None)()
+                    for node in nodes:  # ... then each is closed
+                        unfinished += close_node(node)
         except StopRequested:
             return 0
         except ValueError as exc:
@@ -238,3 +260,15 @@ def run_node(factory: Callable[[], Node], args: list[str] | None = None) -> int:
     # Python objects, which is most of a model node's exit time.
     gc.freeze()
     return 0
+
+
+def close_node(node: Node) -> list[str]:
+    """Close ``node`` (its ``close()``, where it has one) and destroy it; the threads its close
+    could not stop (``unfinished_work()``)."""
+    unfinished: list[str] = []
+    close = getattr(node, "close", None)
+    if close is not None:
+        close()
+        unfinished = list(getattr(node, "unfinished_work", list)())
+    node.destroy_node()
+    return unfinished

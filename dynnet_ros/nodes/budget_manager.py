@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.node import Node
@@ -32,8 +33,8 @@ PARAMETERS = SPECS + MANAGER_SPECS
 
 
 class BudgetManager(Node):
-    def __init__(self) -> None:
-        super().__init__("budget_manager")
+    def __init__(self, **options: Any) -> None:
+        super().__init__("budget_manager", **options)
         self.params = declare(self, SPECS)
         self._pids: dict[str, int] = {"budget_manager": os.getpid()}
         self.diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import onnx
 from onnx import TensorProto, helper
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.node import Node
 from std_msgs.msg import String
 
@@ -79,7 +80,9 @@ class ProfilePublisher:
     budget from the manager) until the node's announced minimums are known (``announce``).
     ``publish`` runs on the node's timer and, on a size class the hold has not seen, from the
     worker right away. ``units``: the compute units whose memory the node asks the manager for
-    (``mapping: auto``).
+    (``mapping: auto``). ``held``: where the node shares its process with other model nodes (a
+    component container), its own ``(held_mb, anon_held_mb)``, else None: RSS growth since the
+    baseline would count what the neighbours loaded after it.
     """
 
     def __init__(self, node: Node, engine: Callable[[], Any], budget_mb: Callable[[], float | None],
@@ -87,8 +90,10 @@ class ProfilePublisher:
                  latency_ms: Callable[[], float | None] | None = None,
                  frame_mb: Callable[[], float] | None = None,
                  size: Callable[[], str | None] | None = None,
-                 units: Callable[[], tuple[str, ...]] | None = None) -> None:
+                 units: Callable[[], tuple[str, ...]] | None = None,
+                 held: Callable[[], tuple[float, float] | None] | None = None) -> None:
         self._node, self._engine, self._budget = node, engine, budget_mb
+        self._held = held or (lambda: None)
         self._units = units or tuple
         self._latency = latency_ms
         self._frame_mb = frame_mb or (lambda: 0.0)
@@ -100,7 +105,9 @@ class ProfilePublisher:
         self.hold = ProfileHold()   # bounds of the largest input size seen lately (no flapping)
         self._engine_id: int | None = None
         self._pub = node.create_publisher(String, PROFILES_TOPIC, 10)
-        steady_timer(node, period_s, self.publish)
+        # its own callback group: sizing a model at a new input size (seconds, in a child process)
+        # never holds up the node's parameter services, which share the default group
+        steady_timer(node, period_s, self._on_timer, MutuallyExclusiveCallbackGroup())
 
     def announce(self, engine: Any, minimums: dict[str, float]) -> None:
         """Minimums per size class of ``engine`` known before such frames arrive (the node's
@@ -117,11 +124,26 @@ class ProfilePublisher:
             if not self._closed:
                 self._publish()
 
+    def _on_timer(self) -> None:
+        """The periodic publish; skipped while another one (a new size class, an announcement) is
+        under way, which publishes the same profile."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            if not self._closed:
+                self._publish()
+        finally:
+            self._lock.release()
+
+    def stop(self) -> None:
+        """No publishing from now on (``close`` without the wait)."""
+        self._closed = True
+
     def close(self) -> None:
         """No publishing from now on: the node is about to be destroyed, and the worker or the
         announcing thread may still try. Waits briefly for a publish in flight; one still sizing
         the model in a child process (seconds) sees the flag before it publishes instead."""
-        self._closed = True
+        self.stop()
         if self._lock.acquire(timeout=CLOSE_WAIT_S):
             self._lock.release()
 
@@ -132,9 +154,10 @@ class ProfilePublisher:
             fallback = self._latency() if self._latency is not None else None
             if fallback is None:
                 fallback = engine.engine_stats().last_latency_ms
+            held, anon_held = self._held() or (max(0.0, now.rss_mb - self.baseline.rss_mb),
+                                               max(0.0, now.anon_mb - self.baseline.anon_mb))
             profile = engine_profile(self._node.get_fully_qualified_name(), engine, rss_mb=now.rss_mb,
-                                     held_mb=max(0.0, now.rss_mb - self.baseline.rss_mb),
-                                     anon_held_mb=max(0.0, now.anon_mb - self.baseline.anon_mb),
+                                     held_mb=held, anon_held_mb=anon_held,
                                      budget_mb=self._budget(), fallback_ms=fallback)
             profile = shift_profile(profile, self._frame_mb())
             if id(engine) != self._engine_id:  # a new model: its old input sizes say nothing

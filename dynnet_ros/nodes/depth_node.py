@@ -70,12 +70,12 @@ class DepthNode(ModelNode):
     # output message's two copies (8 B/px)
     output_bytes_per_pixel = 16.0
 
-    def __init__(self) -> None:
+    def __init__(self, **options: Any) -> None:
         self._cloud_lock = threading.Lock()
         self._cloud: tuple[Time, np.ndarray] | None = None
         self._lidar_in_view = 0
         self._fit: DepthFit | None = None
-        super().__init__("depth_node", TASK_PARAMETERS)
+        super().__init__("depth_node", TASK_PARAMETERS, **options)
 
     def create_outputs(self) -> None:
         self.depth_pub = self.create_publisher(Image, "depth/image", OUTPUT_QOS)

@@ -75,8 +75,8 @@ class FoxgloveView(Node):
     """Subscriptions in, Foxglove channels out; callbacks share the node's default (mutually
     exclusive) group, so the counters and the camera models see one callback at a time."""
 
-    def __init__(self) -> None:
-        super().__init__("foxglove_view")
+    def __init__(self, **options: Any) -> None:
+        super().__init__("foxglove_view", **options)
         self.params = declare(self, PARAMETERS)
         self.cameras = CameraModels(camera_matrix)
         self.view = LiveView(ViewTopics(

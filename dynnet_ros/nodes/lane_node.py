@@ -66,9 +66,9 @@ class LaneNode(ModelNode):
     # probability (4 B/px), mask (1), mono8 mask (1) and its message copies (2) at camera size
     output_bytes_per_pixel = 8.0
 
-    def __init__(self) -> None:
+    def __init__(self, **options: Any) -> None:
         self._lane_fraction = 0.0
-        super().__init__("lane_node", TASK_PARAMETERS)
+        super().__init__("lane_node", TASK_PARAMETERS, **options)
 
     def create_outputs(self) -> None:
         self.mask_pub = self.create_publisher(Image, "lane/mask", OUTPUT_QOS)

@@ -25,6 +25,7 @@ import os
 import threading
 import time
 import traceback
+import weakref
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 from typing import Any, Iterable
@@ -102,6 +103,11 @@ RATE_POLL_S = 0.2
 #: the shutdown (run_node) it stays inside the stop signal's SHUTDOWN_DEADLINE_S, so a slow
 #: frame at a stop is left unfinished instead of being reported as a hang
 WORKER_STOP_S = 1.5
+
+
+#: the model nodes alive in this process: more than one means a component container, where a
+#: node's share of the process is counted from its own engine (``ModelNode.held_beside_neighbours``)
+MODEL_NODES_IN_PROCESS: weakref.WeakSet = weakref.WeakSet()
 
 
 def fixed_input(info: ModelInfo) -> bool:
@@ -245,8 +251,10 @@ class ModelNode(Node, ABC):
     output_bytes_per_pixel = 0.0
     output_const_bytes = 64 * 1024
 
-    def __init__(self, node_name: str, task_specs: list[ParamSpec]) -> None:
-        super().__init__(node_name, start_parameter_services=False)
+    def __init__(self, node_name: str, task_specs: list[ParamSpec], **options: Any) -> None:
+        """``options``: rclpy Node keyword arguments (a container passes its context, the node's own
+        ``cli_args`` and ``use_global_arguments=False``)."""
+        super().__init__(node_name, start_parameter_services=False, **options)
         # one set_parameters request (model_path + classes, say) is applied all at once or not at all
         self._parameter_service = AtomicParameterService(self)
         self._specs = {s.name: s for s in common_specs(self.task) + task_specs}
@@ -272,6 +280,7 @@ class ModelNode(Node, ABC):
         # built inside its budget: an in-memory engine first would double the start-up peak
         self.core: PerceptionCore = self._load_core(self.params)
         self._held_after_load_mb = memory_now().rss_mb - rss_before_model.rss_mb
+        MODEL_NODES_IN_PROCESS.add(self)
 
         self.stats = FrameStats()
         self.gaps = StampGaps()  # frames the camera's stamps tell were lost before they reached the node
@@ -279,6 +288,7 @@ class ModelNode(Node, ABC):
         self._last_take: float | None = None   # monotonic time the worker last took a frame (max_rate_hz)
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._stopped_at: float | None = None   # monotonic time of the first stop_work()
         self._last_error: str | None = None
         self._rejected: str | None = None   # the last model change refused (the old core kept serving)
         self._size_publish = threading.Lock()   # held while a new size class's profile goes out
@@ -310,11 +320,31 @@ class ModelNode(Node, ABC):
         self.budget_profile = ProfilePublisher(self, lambda: self.engine,
                                                lambda: self.params["memory_budget_mb"] or None, rss_before_model,
                                                frame_mb=lambda: self.frame.total_mb, size=self._size_class,
-                                               units=self._claimed_units)
+                                               units=self._claimed_units, held=self.held_beside_neighbours)
         self._announce_sizes(self.core, self.params)
         self._worker = threading.Thread(target=self._work, name=f"{node_name}-worker", daemon=True)
         self._worker.start()
         self._log_core(self.core, "loaded")
+
+    def own_memory_mb(self) -> float:
+        """What this node's model and frames hold, counted from what they are rather than from the
+        process: a streamed engine's calibrated footprint plus its resident weights (swap/calibration.py),
+        or, for an engine that holds its model in memory, the RSS growth of its own load; plus the
+        frame buffers."""
+        window = self.engine.engine_stats().window
+        engine_mb = self._held_after_load_mb if window is None else \
+            to_mb(window.nonweight_bytes + window.resident_weight_bytes)
+        return max(0.0, engine_mb) + self.frame.total_mb
+
+    def held_beside_neighbours(self) -> tuple[float, float] | None:
+        """(held, anonymous held) MB for the budget profile where other model nodes share this
+        process (a component container): ``own_memory_mb``, since the process's RSS growth since
+        this node's model loaded counts the neighbours' models and frames. None when the node is
+        alone: its RSS growth is then its own and the more complete figure."""
+        if len(MODEL_NODES_IN_PROCESS) <= 1:
+            return None
+        mb = self.own_memory_mb()
+        return mb, mb
 
     @property
     def engine(self) -> Engine:
@@ -895,14 +925,25 @@ class ModelNode(Node, ABC):
             if self.context.ok() and not self._stop.is_set():
                 raise
 
+    def stop_work(self) -> None:
+        """Tell the worker and the profile publisher to stop, without waiting: a container asks all
+        its nodes first, so their frames end together and its shutdown waits for the slowest
+        one, not for each in turn."""
+        if self._stopped_at is None:
+            self._stopped_at = time.monotonic()
+        self.budget_profile.stop()
+        self._stop.set()
+        self._wake.set()
+
     def close(self) -> None:
         """Stop the worker, then free the engine. A worker still inside a frame or a budget
         change after ``WORKER_STOP_S`` keeps the engine: freeing it under a running kernel could
         crash the process, which exits without the worker instead (``unfinished_work``)."""
+        self.stop_work()
         self.budget_profile.close()
-        self._stop.set()
-        self._wake.set()
-        self._worker.join(timeout=WORKER_STOP_S)
+        MODEL_NODES_IN_PROCESS.discard(self)
+        assert self._stopped_at is not None
+        self._worker.join(timeout=max(0.0, self._stopped_at + WORKER_STOP_S - time.monotonic()))
         if self._worker.is_alive():
             return
         with self._engine_lock:

@@ -75,9 +75,9 @@ class PedestrianNode(ModelNode):
     task = "pedestrian"
     core_params = ("classes", "labels_file")
 
-    def __init__(self) -> None:
+    def __init__(self, **options: Any) -> None:
         self._last_count = 0
-        super().__init__("pedestrian_node", TASK_PARAMETERS)
+        super().__init__("pedestrian_node", TASK_PARAMETERS, **options)
 
     def create_outputs(self) -> None:
         self.marker_pub = self.create_publisher(MarkerArray, "pedestrian/markers", OUTPUT_QOS)

@@ -53,8 +53,8 @@ def _fq(namespace: str, name: str) -> str:
 
 
 class Recorder(Node):
-    def __init__(self) -> None:
-        super().__init__("recorder")
+    def __init__(self, **options: Any) -> None:
+        super().__init__("recorder", **options)
         self.params = declare(self, SPECS)
         if not self.params["output"]:
             raise ValueError("parameter output must name the bag to create")

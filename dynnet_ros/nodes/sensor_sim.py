@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import Any
 
 from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import SetParametersResult
@@ -63,8 +64,8 @@ PARAMETERS = SPECS
 
 
 class SensorSim(Node):
-    def __init__(self) -> None:
-        super().__init__("sensor_sim")
+    def __init__(self, **options: Any) -> None:
+        super().__init__("sensor_sim", **options)
         self.params = declare(self, SPECS)
         self._specs = {s.name: s for s in SPECS}
         self.image_pub = self.create_publisher(Image, "camera/image_raw", qos_profile_sensor_data,
