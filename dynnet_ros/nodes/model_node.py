@@ -103,6 +103,8 @@ RATE_POLL_S = 0.2
 #: the shutdown (run_node) it stays inside the stop signal's SHUTDOWN_DEADLINE_S, so a slow
 #: frame at a stop is left unfinished instead of being reported as a hang
 WORKER_STOP_S = 1.5
+#: How long closing then waits for the engine to be freed (it waits for a model sizing under way)
+ENGINE_CLOSE_S = 0.5
 
 
 #: the model nodes alive in this process: more than one means a component container, where a
@@ -289,6 +291,7 @@ class ModelNode(Node, ABC):
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._stopped_at: float | None = None   # monotonic time of the first stop_work()
+        self._closer: threading.Thread | None = None   # frees the engine at close
         self._last_error: str | None = None
         self._rejected: str | None = None   # the last model change refused (the old core kept serving)
         self._size_publish = threading.Lock()   # held while a new size class's profile goes out
@@ -938,7 +941,10 @@ class ModelNode(Node, ABC):
     def close(self) -> None:
         """Stop the worker, then free the engine. A worker still inside a frame or a budget
         change after ``WORKER_STOP_S`` keeps the engine: freeing it under a running kernel could
-        crash the process, which exits without the worker instead (``unfinished_work``)."""
+        crash the process, which exits without the worker instead (``unfinished_work``). The
+        engine is freed on a thread of its own, waited for ``ENGINE_CLOSE_S``: an engine busy
+        sizing the model at an input size (a child process, seconds) frees itself when done, and
+        a process exiting meanwhile exits without it."""
         self.stop_work()
         self.budget_profile.close()
         MODEL_NODES_IN_PROCESS.discard(self)
@@ -946,11 +952,16 @@ class ModelNode(Node, ABC):
         self._worker.join(timeout=max(0.0, self._stopped_at + WORKER_STOP_S - time.monotonic()))
         if self._worker.is_alive():
             return
+        self._closer = threading.Thread(target=self._close_core, name=f"{self.get_name()}-close", daemon=True)
+        self._closer.start()
+        self._closer.join(timeout=max(0.0, self._stopped_at + WORKER_STOP_S + ENGINE_CLOSE_S - time.monotonic()))
+
+    def _close_core(self) -> None:
         with self._engine_lock:
             if self._mapped is not None:
                 self._mapped.close()
             self.core.close()
 
     def unfinished_work(self) -> list[str]:
-        """Threads ``close`` could not stop (run_node exits the process without them)."""
-        return [self._worker.name] if self._worker.is_alive() else []
+        """Threads ``close`` could not stop or wait out (run_node exits the process without them)."""
+        return [thread.name for thread in (self._worker, self._closer) if thread is not None and thread.is_alive()]
