@@ -61,9 +61,10 @@ def main() -> int:
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
     os.environ.setdefault("ROS_DOMAIN_ID", str(100 + os.getpid() % 100))
     from dynnet_ros.commands.up import stop_process_group
-    from dynnet_ros.graph_config import default_config_path
+    from dynnet_ros.graph_config import default_config_path, separate_processes
 
-    data = yaml.safe_load(default_config_path().read_text())
+    # each node in a process of its own: the bench measures each model node's process
+    data = separate_processes(yaml.safe_load(default_config_path().read_text()))
     for node in data["nodes"]:
         p = node.setdefault("parameters", {})
         if node["name"] == "sensor_sim":

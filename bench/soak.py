@@ -55,7 +55,7 @@ from std_msgs.msg import String
 from visualization_msgs.msg import MarkerArray
 
 from dynnet_ros.commands.up import stop_process_group
-from dynnet_ros.graph_config import EXECUTABLES, default_config_path, parse_graph
+from dynnet_ros.graph_config import EXECUTABLES, default_config_path, parse_graph, separate_processes
 from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.nodes.diagnostics import status_values
 
@@ -232,7 +232,8 @@ def process_sample(pid: int) -> tuple[float, int, int] | None:
 
 
 def graph_config(args: argparse.Namespace) -> dict:
-    data = yaml.safe_load(default_config_path().read_text())
+    """The vehicle graph with each node in a process of its own (the soak samples each node's process)."""
+    data = separate_processes(yaml.safe_load(default_config_path().read_text()))
     for node in data["nodes"]:
         params = node.setdefault("parameters", {})
         if node["name"] == "sensor_sim":

@@ -261,6 +261,18 @@ def parse_graph(data: Any, source: str = "<memory>") -> GraphConfig:
     return GraphConfig(nodes=nodes, source=source, containers=containers)
 
 
+def separate_processes(data: dict) -> dict:
+    """Parsed config YAML with every node in a process of its own: the container groups dissolved,
+    each container's respawn keys moved to its nodes (benchmarks and tests that measure or kill
+    one node's process)."""
+    containers = data.pop("containers", None) or {}
+    for node in data["nodes"]:
+        group = node.pop("container", False)
+        if group:
+            node.update({k: v for k, v in (containers.get(group) or {}).items() if k in _RESPAWN_KEYS})
+    return data
+
+
 def load_graph(path: str | Path) -> GraphConfig:
     path = Path(path)
     if not path.is_file():

@@ -10,19 +10,9 @@ from pathlib import Path
 import psutil
 
 from dynnet_ros.commands.up import stop_process_group
+from dynnet_ros.graph_config import separate_processes  # noqa: F401 — the tests' import point
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def separate_processes(data: dict) -> dict:
-    """A graph config's data with every node in a process of its own: the container groups
-    dissolved, each container's respawn keys moved to its nodes (tests of per-process behaviour)."""
-    containers = data.pop("containers", None) or {}
-    for node in data["nodes"]:
-        group = node.pop("container", False)
-        if group:
-            node.update({k: v for k, v in (containers[group] or {}).items() if k.startswith("respawn")})
-    return data
 
 
 class Up:

@@ -311,9 +311,9 @@ def generate_launch_description():
     return LaunchDescription([ComposableNodeContainer(
         package="dynnet_ros", executable="container", name="perception", namespace="{ns}", output="screen",
         composable_node_descriptions=[
-            ComposableNode(package="dynnet_ros", plugin="dynnet_ros::SensorSim", name="sim",
+            ComposableNode(package="dynnet_ros", plugin="dynnet_ros::SensorSim", name="sim", namespace="{ns}",
                            parameters=[{{"rate_hz": 4.0, "resolutions": ["160x120"], "lidar_azimuth_steps": 64}}]),
-            ComposableNode(package="dynnet_ros", plugin="dynnet_ros::LaneNode", name="lane",
+            ComposableNode(package="dynnet_ros", plugin="dynnet_ros::LaneNode", name="lane", namespace="{ns}",
                            parameters=[{{"max_input_side": 160, "camera_sizes": ["160x120"], "lane_threshold": 0.6}}],
                            remappings=[("lane/mask", "lane/composed_mask")]),
         ])])

@@ -28,7 +28,7 @@ from std_msgs.msg import Header
 from visualization_msgs.msg import MarkerArray
 from websockets.sync.client import connect
 
-from dynnet_ros.graph_config import default_config_path, parse_graph
+from dynnet_ros.graph_config import default_config_path, parse_graph, separate_processes
 from dynnet_ros.nodes import diagnostics as diag
 from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.nodes.convert import array_to_image
@@ -224,6 +224,7 @@ SIM_STATUS = "sensor_sim: sensor simulator"
 def quiet_graph(path: Path) -> Path:
     """A graph of the simulator alone, not publishing: the test feeds the view its own messages."""
     data = yaml.safe_load(default_config_path().read_text())
+    data = separate_processes(data)
     data["nodes"] = [n for n in data["nodes"] if n["name"] == "sensor_sim"]
     data["nodes"][0]["parameters"]["enabled"] = False
     parse_graph(data, "foxglove graph")

@@ -148,7 +148,7 @@ def test_a_killed_node_comes_back_and_a_crash_loop_stops_at_its_limit(tmp_path):
 def test_a_crash_loop_cut_short_by_the_end_of_the_run_fails_the_run(tmp_path):
     """A node that crashed again after its restart makes `dynnet up` fail even though the run ended
     before the node reached its retry limit."""
-    data = yaml.safe_load(default_config_path().read_text())
+    data = separate_processes(yaml.safe_load(default_config_path().read_text()))
     [lane] = [node for node in data["nodes"] if node["name"] == "lane_node"]
     lane.setdefault("parameters", {})["model_path"] = str(not_a_segmenter(tmp_path / "not_a_segmenter.onnx"))
     lane.update(respawn=True, respawn_delay_s=CRASH_DELAY_S, respawn_max_retries=50, respawn_window_s=600.0)

@@ -22,6 +22,7 @@ from dynnet_ros.graph_config import (
     node_command,
     parse_graph,
     restart_process,
+    separate_processes,
     with_parameters,
     write_process_files,
 )
@@ -385,3 +386,13 @@ def test_a_model_path_that_is_a_model_passes_the_preflight():
 
     graph = parse_graph(_default_with("depth_node", model_path=str(ensure_model("depth"))), "g.yaml")
     assert parameter_problems(graph) == []
+
+
+def test_separate_processes_gives_each_node_a_process_with_its_containers_respawn_keys():
+    data = yaml.safe_load(default_config_path().read_text())
+    data["containers"]["model_container"].update(respawn_delay_s=0.3)
+    graph = parse_graph(separate_processes(data))
+    assert not graph.containers and all(n.container is None for n in graph.nodes)
+    processes = graph_processes(graph)
+    assert [p.name for p in processes] == [n.name for n in graph.nodes] and not any(p.components for p in processes)
+    assert graph.node("lane_node").respawn.delay_s == 0.3
