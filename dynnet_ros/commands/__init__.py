@@ -17,6 +17,6 @@ SUMMARIES: dict[str, str] = {
     "replay": "play a rosbag2 (sqlite3/MCAP) or ROS 1 bag into the vehicle graph on the bag's time (/clock)",
     "sim": "write the sensor simulator's camera, camera_info and LiDAR frames into a bag (--record OUT)",
     "swap": "weights streamed under a memory budget: prepare a weight file, benchmark budgets",
-    "up": "start the vehicle graph (config/vehicle.yaml) as separate processes; Ctrl-C stops it",
+    "up": "start the vehicle graph (config/vehicle.yaml): its processes and containers; Ctrl-C stops it",
     "zoo": "build the deterministic demo models (lane, pedestrian, depth, gated, multiexit) and show their size",
 }
