@@ -283,8 +283,9 @@ def test_a_killed_container_brings_every_node_back_with_its_run_time_values(tmp_
         assert "was killed by SIGKILL" in warn
         info = wait_for(lambda: [line for line in up.supervisor("INFO", "model_container") if "restarted" in line],
                         120, "the container restarted")[0]
-        assert "values set at run time on lane_node: lane_threshold=0.7" in info, info
-        assert "values set at run time on budget_manager: reserve_mb=300.0" in info, info
+        kept = dict(part.split(": ", 1) for part in info.split(" with ", 1)[1].split("; "))
+        assert "lane_threshold=0.7" in kept["values set at run time on lane_node"], info
+        assert "reserve_mb=300.0" in kept["values set at run time on budget_manager"], info
         assert up.pid("container") not in (None, pid)
         masks = client.seen(f"{ns}/lane/mask")
         wait_for(lambda: client.seen(f"{ns}/lane/mask") >= masks + 3, 300, "lane masks from the new container")
