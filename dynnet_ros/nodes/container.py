@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from importlib import import_module
@@ -128,6 +129,9 @@ class ComponentHost:
         self.context = context
         self._components: dict[int, Component] = {}
         self._next_id = 1  # like rclcpp's: ids start at 1 and are never reused
+        #: nodes unloaded while the container runs: a callback of theirs still in flight at the
+        #: unload may fail on the destroyed node, which is no fault of the node
+        self.unloaded: weakref.WeakKeyDictionary[Node, str] = weakref.WeakKeyDictionary()  # -> its full name
         self._lock = threading.Lock()
 
     def load(self, factory: Callable[..., Node], plugin: str, cli_args: Sequence[str],
@@ -155,9 +159,10 @@ class ComponentHost:
         with self._lock:
             component = self._components.pop(unique_id)
         self.executor.remove_node(component.node)
+        self.unloaded[component.node] = component.node.get_fully_qualified_name()
         unfinished = close_node(component.node)
         if unfinished:  # its own threads keep their references; nothing else of it runs
-            print(f"container: {component.node.get_name()} unloaded with threads still running: "
+            print(f"container: {self.unloaded[component.node]} unloaded with threads still running: "
                   f"{', '.join(unfinished)}", file=sys.stderr, flush=True)
         return component
 
@@ -169,9 +174,9 @@ class ComponentHost:
         return [c.node for c in self.components()]
 
     def owner(self, exc: BaseException) -> Node | None:
-        """The hosted node whose code raised ``exc``: the innermost frame of its traceback whose
-        ``self`` is a hosted node, or an object holding one (``node`` / ``_node``)."""
-        hosted = {id(node): node for node in self.nodes()}
+        """The hosted (or unloaded) node whose code raised ``exc``: the innermost frame of its
+        traceback whose ``self`` is such a node, or an object holding one (``node`` / ``_node``)."""
+        hosted = {id(node): node for node in [*self.nodes(), *self.unloaded.keys()]}
         frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]
         for frame in reversed(frames):
             owner = frame.f_locals.get("self")
@@ -272,6 +277,11 @@ class ContainerNode(Node):
         self._reported.append(exc)
         node = self.host.owner(exc)
         trace = "".join(traceback.format_exception(exc))
+        unloaded = None if node is None else self.host.unloaded.get(node)
+        if unloaded is not None:
+            self.get_logger().info(f"a callback of {unloaded} in flight when it was unloaded ended with "
+                                   f"{type(exc).__name__}: {exc}")
+            return
         if node is None:
             self.get_logger().error(f"exception in a callback of no hosted node:\n{trace}")
             key, name = self.get_fully_qualified_name(), self.get_name()
