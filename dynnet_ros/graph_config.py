@@ -13,7 +13,7 @@ import sys
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import yaml
 
@@ -505,6 +505,13 @@ def fq_node_name(process: ProcessSpec) -> str:
 def restart_spec(process: ProcessSpec, overrides: dict[str, Any]) -> ProcessSpec:
     """``process`` with ``overrides`` (values set at run time) on top of its config's parameters."""
     return replace(process, parameters={**process.parameters, **overrides})
+
+
+def map_hosted(process: ProcessSpec, change: Callable[[ProcessSpec], ProcessSpec]) -> ProcessSpec:
+    """``process`` with ``change`` applied to each node it hosts (a container's components, or itself)."""
+    if process.components:
+        return replace(process, components=tuple(change(n) for n in process.components))
+    return change(process)
 
 
 def with_parameters(process: ProcessSpec, values: dict[str, Any]) -> ProcessSpec:

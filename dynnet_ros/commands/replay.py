@@ -38,7 +38,7 @@ from dynnet_ros.bags.writer import standard_typestore
 from dynnet_ros.commands import CommandError, arguments
 from dynnet_ros.commands.bag_player import ACK_WAIT_S, FRAME_WAIT_S, BagPlayer
 from dynnet_ros.commands.up import GraphRunner, StopRequest, load_config
-from dynnet_ros.graph_config import GraphConfig, ProcessSpec, fq_node_name, recorder_process
+from dynnet_ros.graph_config import GraphConfig, ProcessSpec, fq_node_name, map_hosted, recorder_process
 from dynnet_ros.nodes.message_types import message_class
 from dynnet_ros.nodes.recording_graph import wait_for_recorder
 
@@ -241,9 +241,10 @@ def replay(args: argparse.Namespace, bag: Bag, plan: TopicPlan, pacing: Pacing, 
     runner = None if config is None else GraphRunner(config, use_sim=False, namespace=args.namespace,
                                                      ros_link=True, sim_time=True)
     if runner is not None:
-        configured = runner.nodes
-        runner.nodes = [lossless_links(camera_transport(node, plan), plan) for node in configured]
-        switched = [new.name for old, new in zip(configured, runner.nodes)
+        configured = runner.hosted_nodes()
+        runner.nodes = [map_hosted(process, lambda node: lossless_links(camera_transport(node, plan), plan))
+                        for process in runner.nodes]
+        switched = [new.name for old, new in zip(configured, runner.hosted_nodes())
                     if new.parameters.get("image_transport") != old.parameters.get("image_transport")]
         if switched:
             print(f"dynnet replay: {', '.join(switched)} take image_transport=compressed: the bag's camera is "
@@ -282,7 +283,7 @@ def replay(args: argparse.Namespace, bag: Bag, plan: TopicPlan, pacing: Pacing, 
             if status == 0 and not stop.event.is_set():
                 player.wait_for_subscribers(stop.event, DISCOVERY_WAIT_S)
                 if runner is not None:
-                    readers = player.frame_readers(models := [fq_node_name(n) for n in runner.nodes
+                    readers = player.frame_readers(models := [fq_node_name(n) for n in runner.hosted_nodes()
                                                               if n.executable in MODEL_EXECUTABLES])
                     unread = [n for n in models if not any(n in nodes for nodes in readers.values())]
                     if unread:
