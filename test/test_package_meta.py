@@ -58,7 +58,7 @@ PYTHON_DEPENDENCIES = {
 }
 # Imported only by the tests: the rosdep key package.xml lists as a test_depend.
 TEST_KEYS = {"pytest": "python3-pytest", "hypothesis": "python3-hypothesis", "catkin_pkg": "python3-catkin-pkg",
-             "websockets": "python3-websockets",
+             "websockets": "python3-websockets", "sympy": "python3-sympy",
              # rosdistro's pip rule; mcap comes with it as mcap-ros2-support's dependency
              "mcap": "mcap-ros2-support", "mcap_ros2": "mcap-ros2-support"}
 # ament_python's convention: install_requires=['setuptools'] for the entry-point shims; the

@@ -15,6 +15,7 @@ import warnings
 import numpy as np
 import onnx
 import pytest
+import sympy
 from onnx import TensorProto, helper, numpy_helper
 from test_rdp_agreement import Tally, compare
 
@@ -391,7 +392,6 @@ def no_cpu_kernel_model() -> onnx.ModelProto:
 def test_gpu_only_contrib_ops_agree_with_onnxruntime_symbolic_inference():
     """onnxruntime's symbolic shape inference (onnxruntime/tools/symbolic_shape_infer.py) gives
     each output as a sympy expression of the input dims; both are evaluated at several sizes."""
-    import sympy
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
     model = no_cpu_kernel_model()
