@@ -22,12 +22,13 @@ export ROS_AUTOMATIC_DISCOVERY_RANGE ?= LOCALHOST
 export RMW_IMPLEMENTATION ?= rmw_fastrtps_cpp
 export PYTHONDONTWRITEBYTECODE = 1
 
-.PHONY: venv zoo test test-subset lint demo bench colcon-check clean help
+.PHONY: venv zoo test test-subset check lint demo bench colcon-check clean help
 
 help:
 	@echo "make demo   - build the venv and demo models, run the vehicle graph, write demo-report/ (BAG=path: on a bag)"
 	@echo "make test   - build the venv and run the whole test suite"
 	@echo "make test-subset - the platform subset (tests marked 'subset'), e.g. make PYTHON=python3.10 test-subset"
+	@echo "make check  - the fast loop: ruff, mypy and the tests that start no process or ROS graph, in parallel"
 	@echo "make lint   - ruff and mypy (also part of make test)"
 	@echo "make bench  - run the benchmarks under bench/"
 
@@ -79,6 +80,11 @@ test: venv $(LAUNCH_STAMP) $(IFACE_STAMP)
 # every zoo model at two shapes, an RDP conformance sample, one ROS graph test (marker in conftest).
 test-subset: venv
 	$(PY) -m pytest test -m subset $(PYTEST_ARGS)
+
+# The fast loop for a maintainer: lint, then every test not marked `graph` (starts processes, a ROS
+# graph or a launch service) or `slow`, on all cores (pytest-xdist). `make test` stays the whole suite.
+check: lint
+	$(PY) -m pytest test -m "not graph and not slow" -n auto -p no:cacheprovider -q $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check dynnet_ros test bench launch setup.py

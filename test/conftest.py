@@ -27,6 +27,9 @@ os.environ.setdefault("DYNNET_PLAN_PROFILE", "memory")
 def pytest_configure(config):
     # `make test-subset` / .ci/run select these on every supported Python (README, Supported platforms)
     config.addinivalue_line("markers", "subset: the platform subset run on every supported interpreter")
+    # `make check` (the fast loop) leaves these out; `make test` runs everything
+    config.addinivalue_line("markers", "graph: starts processes, a ROS graph or a launch service")
+    config.addinivalue_line("markers", "slow: tens of CPU-seconds on its own (whole operator suites, banded stems)")
 
 
 ROOT = Path(__file__).resolve().parents[1]

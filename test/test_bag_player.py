@@ -23,7 +23,7 @@ from dynnet_ros.bags.reader import BagMessage
 from dynnet_ros.bags.topics import PlayedTopic, TopicPlan
 from dynnet_ros.commands.bag_player import BagPlayer
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.graph]
 
 TOPIC = f"/bag_player_test_{os.getpid()}/chatter"
 

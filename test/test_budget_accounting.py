@@ -39,6 +39,7 @@ def _check_exact(engine: Engine, expected: float) -> None:
     assert engine.memory_budget_mb == minimum             # and the refusal keeps it
 
 
+@pytest.mark.slow
 def test_min_budget_is_accepted_and_process_independent_in_random_sequences(model):
     reference = {"small": Engine(model, input_shapes=SMALL).min_budget_mb(),
                  "large": Engine(model, input_shapes=LARGE).min_budget_mb()}
@@ -73,6 +74,7 @@ def test_min_budget_is_accepted_and_process_independent_in_random_sequences(mode
         engine.close()
 
 
+@pytest.mark.slow
 def test_min_budget_for_a_size_class_is_the_one_accepted_at_that_size(model):
     with Engine(model, swappable=True, input_shapes=SMALL) as engine:
         at_large = engine.min_budget_mb(LARGE)

@@ -48,7 +48,7 @@ ROOMY_POOL_MB = 4000.0  # a pool far above what the three models need
 # slower than alone, and a passing run only takes as long as the conditions take.
 STARTUP_S = 240.0  # the graph up and every model node profiled (first calibrations included)
 STEP_S = 120.0     # a pool step acknowledged, or a node's diagnostics showing its new budget
-pytestmark = pytest.mark.timeout(1200)  # a hung graph must not hang the whole suite
+pytestmark = [pytest.mark.timeout(1200), pytest.mark.graph]
 
 class FakeMemory:
     """The meminfo file the manager reads: available = the pool the test aims at − what the

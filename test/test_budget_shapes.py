@@ -25,6 +25,8 @@ from dynnet_ros.swap.control import reference_shapes
 from dynnet_ros.units import MB
 from dynnet_ros.zoo import ensure_model
 
+pytestmark = pytest.mark.slow
+
 #: peak RSS growth may exceed the budget by this factor (docs/swap.md)
 TOLERANCE = 1.05
 SMALL = {"image": (1, 3, 64, 96)}

@@ -30,6 +30,8 @@ from onnx import TensorProto, helper
 from dynnet_ros import cli
 from dynnet_ros.commands import arguments
 
+pytestmark = pytest.mark.graph
+
 REPO = Path(__file__).resolve().parents[1]
 CACHES = ("DYNNET_ZOO_DIR", "DYNNET_LAYOUT_DIR", "DYNNET_SWAP_DIR", "DYNNET_MAP_DIR")
 

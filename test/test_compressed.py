@@ -24,6 +24,8 @@ from dynnet_ros.nodes.base import declare
 from dynnet_ros.nodes.model_node import common_specs
 from dynnet_ros.sim.frames import SimSettings, render_frame
 
+pytestmark = pytest.mark.graph
+
 
 @pytest.fixture(scope="module")
 def photo() -> np.ndarray:

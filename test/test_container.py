@@ -41,7 +41,7 @@ from dynnet_ros.zoo import ensure_model
 
 ROOT = Path(__file__).resolve().parents[1]
 INTERFACES_KIT = ROOT.parent / "shared" / "vendor" / "ros2-interfaces"
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.graph]
 
 #: a package of the test's own with a node that raises in a callback, registered like ours
 FAULTY_MODULE = '''

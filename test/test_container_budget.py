@@ -8,6 +8,7 @@ as the container creates them.
 """
 from __future__ import annotations
 
+import pytest
 import rclpy
 from rclpy.context import Context
 
@@ -16,6 +17,8 @@ from dynnet_ros.nodes.base import close_node
 from dynnet_ros.nodes.lane_node import LaneNode
 from dynnet_ros.nodes.pedestrian_node import PedestrianNode
 from dynnet_ros.zoo import ensure_model
+
+pytestmark = pytest.mark.graph
 
 
 def _args(name: str) -> list[str]:

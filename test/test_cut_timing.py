@@ -26,6 +26,8 @@ from dynnet_ros.engine.plan.cost_model import CostTable, CutChoice, CutPoint
 from dynnet_ros.engine.plan.executor import CutsChosen, PlannedExecutor
 from dynnet_ros.engine.plan.options import PROFILES
 
+pytestmark = pytest.mark.graph
+
 
 def _chain_model(convs: int = 6, channels: int = 8) -> onnx.ModelProto:
     """Residual 3x3 convolutions at a dynamic size: the cost model cuts it and its curve has

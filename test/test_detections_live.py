@@ -48,6 +48,7 @@ pytestmark = [
     pytest.mark.skipif(Detection2DArray is None, reason="vision_msgs is not importable: source "
                        ".venv/ros2-interfaces/install/local_setup.sh (`make test` builds and sources it)"),
     pytest.mark.skipif(not YOLO.available() or not photos(), reason=YOLO.skip_reason),
+    pytest.mark.graph,
 ]
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.graph
+
 REPO = Path(__file__).resolve().parents[1]
 MARKER = "<!-- runnable -->"
 _FENCE = re.compile(r"^```(\w*)\s*$")

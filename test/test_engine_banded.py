@@ -15,6 +15,8 @@ from dynnet_ros.engine.plan.banded import BandedRunner, RowGeometry, plan_bands
 from dynnet_ros.engine.plan.executor import PlannedExecutor
 from dynnet_ros.zoo import ensure_model
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(autouse=True)
 def _private_layout_cache(tmp_path, monkeypatch):

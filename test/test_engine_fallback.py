@@ -23,6 +23,8 @@ from dynnet_ros.engine import Engine
 from dynnet_ros.engine.backends import cpu_planned
 from dynnet_ros.engine.plan.loader import load_skeleton
 
+pytestmark = pytest.mark.graph
+
 WIDTH = 1024  # a 4 MiB weight: held in Python it would show against onnxruntime's peak
 
 

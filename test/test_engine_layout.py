@@ -18,6 +18,8 @@ from dynnet_ros.engine.rdp import analyze
 from dynnet_ros.zoo import ensure_model
 from dynnet_ros.zoo.samples import example_inputs
 
+pytestmark = pytest.mark.slow
+
 needs_nchwc = pytest.mark.skipif(cpu_block_size() is None, reason="this CPU has no onnxruntime NCHWc kernels")
 
 

@@ -36,6 +36,7 @@ def test_verdict_is_cached_by_content(tmp_path, monkeypatch):
         load_skeleton(path)
 
 
+@pytest.mark.slow
 def test_invalid_model_reports_the_checker_message(tmp_path):
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Relu", ["z"], ["w"])],
                               "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],

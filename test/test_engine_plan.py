@@ -284,6 +284,7 @@ def test_plan_command_reports_partitions_and_memory(tmp_path, capsys):
     assert main(["plan", str(ensure_model("lane")), "--input-shape", "image=1x3x100x130"]) == 2
 
 
+@pytest.mark.slow
 def test_bench_command_runs_both_sides_in_fresh_processes(tmp_path):
     from dynnet_ros.cli import main
 

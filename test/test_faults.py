@@ -45,7 +45,7 @@ from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.nodes.diagnostics import status_values
 from dynnet_ros.zoo import ensure_model
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.graph]
 
 NS = f"/faults_{os.getpid()}"
 OUTPUTS = {"lane_node": ("lane/mask", Image), "pedestrian_node": ("pedestrian/markers", MarkerArray),

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from _first_import import first_import_failures, package_modules, top_level_third_party
+
+pytestmark = pytest.mark.slow
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "dynnet_ros"
 

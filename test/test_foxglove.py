@@ -50,6 +50,8 @@ from dynnet_ros.view.convert import (
 )
 from dynnet_ros.view.server import LOOPBACK_HOST
 
+pytestmark = pytest.mark.graph
+
 STAMP = Stamp(1234, 567_000_000)
 LINE_LOOP = 2  # foxglove.PointsAnnotation.Type
 

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.graph
+
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "dynnet_ros"
 
 #: Module-name prefixes to layers, most specific prefix wins. Lower layers never import higher ones.

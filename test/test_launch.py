@@ -73,7 +73,7 @@ def _launch_missing() -> str | None:
 
 
 pytestmark = [pytest.mark.skipif(_launch_missing() is not None, reason=str(_launch_missing())),
-              pytest.mark.timeout(600)]
+              pytest.mark.timeout(600), pytest.mark.graph]
 
 
 class Launch:

@@ -13,8 +13,12 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from dynnet_ros import cli, commands
 from dynnet_ros.zoo import ensure_model
+
+pytestmark = pytest.mark.graph
 
 #: Every top-level package outside the standard library a model node holds once its model is loaded.
 NODE_PACKAGES = {

@@ -15,6 +15,8 @@ from dynnet_ros.engine.backends.cpu import OrtExecutor, session_options
 from dynnet_ros.engine.model_io import input_specs, load_model
 from dynnet_ros.zoo import resolve_model_spec
 
+pytestmark = pytest.mark.graph
+
 SIDES = (224, 640, 320, 512, 288, 416, 608, 256)  # a camera crop that changes size, as in the benchmark
 
 #: one side's process: load the session, run the sizes once, report its peak over the baseline

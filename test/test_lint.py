@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.graph
+
 REPO = Path(__file__).resolve().parents[1]
 LINTED = ["dynnet_ros", "test", "bench", "launch", "setup.py"]
 

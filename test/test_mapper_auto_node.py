@@ -27,7 +27,7 @@ from dynnet_ros.zoo import ensure_model
 
 NS = f"/mapauto_{os.getpid()}"
 NODE = NS + "/lane_node"
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.graph]
 
 
 def _candidate(units: tuple[str, str], latency: float, memory: dict[str, float]) -> Candidate:

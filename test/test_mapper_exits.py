@@ -96,6 +96,7 @@ def _run_mapped(exits_model: Path, feeds, threshold: float) -> list[tuple[int, d
         executor.close()
 
 
+@pytest.mark.slow
 def test_map_exits_learns_a_mask_exit_for_the_text_detector_and_threshold_one_is_exact(tmp_path, capsys):
     model_path, exits_path, report = _learn(tmp_path, "ppocr-text-detector")
     assert "held-out frames" in capsys.readouterr().out
@@ -125,6 +126,7 @@ def test_map_exits_learns_a_mask_exit_for_the_text_detector_and_threshold_one_is
         assert out[output].shape == ref.shape and 0.0 <= out[output].min() <= out[output].max() <= 1.0
 
 
+@pytest.mark.slow
 def test_map_exits_learns_a_no_box_exit_for_the_yolo_detector(tmp_path):
     model_path, exits_path, report = _learn(tmp_path, "yolov8n-detector")
     assert report["task"]["kind"] == "presence" and report["task"]["strides"] == [8, 16, 32]

@@ -11,7 +11,7 @@ import yaml
 from _lane_client import LaneClient, lane_node
 
 NS = f"/maptest_{os.getpid()}"
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.graph]
 
 
 def _mapping(path: Path, units: list[str], threshold: float) -> str:

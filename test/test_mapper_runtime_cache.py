@@ -54,6 +54,7 @@ def test_handoff_cost_raises_an_alternating_mapping_by_its_crossings():
     assert _latency(ideal, ["cpu0"] * 3) == pytest.approx(5.0) == _latency(handed, ["cpu0"] * 3)
 
 
+@pytest.mark.slow
 def test_a_large_handoff_moves_the_pick_from_alternating_to_one_group():
     picks = {}
     for name, runtime in (("ideal", None), ("handoff", RuntimeCosts(handoff_ms=HANDOFF))):
@@ -133,6 +134,7 @@ def _chain_search(tmp_path, monkeypatch, *extra):
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_the_cli_searches_with_the_kept_costs_and_says_so(tmp_path, monkeypatch, capsys):
     hw = load_hardware("jetson-agx-xavier")
     plain = _chain_search(tmp_path, monkeypatch)

@@ -166,6 +166,7 @@ def test_cli_profile_only_search_writes_the_contract(tmp_path):
                  "0.1", "--generations", "2", "--population", "4"]) == 2
 
 
+@pytest.mark.slow
 def test_model_search_pick_runs_in_the_stage_runtime(tmp_path, monkeypatch):
     """The picked mapping runs in the stage runtime; measured vs predicted is reported, and the
     runtime costs fitted to the baselines predict the pick (no wall-clock threshold: the machine

@@ -53,6 +53,7 @@ def test_multiexit_depth_stages_reproduce_every_exit_exactly(multiexit):
             assert np.array_equal(got[name], ref), name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CUTS))
 def test_vehicle_models_cut_depth_wise_are_exact_at_two_sizes(name):
     model = onnx.load(ensure_model(name))
@@ -69,6 +70,7 @@ def test_vehicle_models_cut_depth_wise_are_exact_at_two_sizes(name):
             assert np.array_equal(got[out], ref), (name, out, height, width)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CUTS))
 def test_vehicle_models_own_exit_heads_cut_exactly_and_skip_in_a_plain_run(name):
     """Their exit heads are declared in metadata and feed no graph output: a plain run skips them."""

@@ -18,6 +18,8 @@ from catkin_pkg.package import parse_package
 
 from dynnet_ros.graph_config import EXECUTABLES, ON_REQUEST, default_config_path, graph_processes, load_graph
 
+pytestmark = pytest.mark.graph
+
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH_FILE = ROOT / "launch" / "vehicle.launch.py"
 

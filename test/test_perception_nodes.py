@@ -48,7 +48,7 @@ NODE_PARAMS = {"threads": 1, "score_threshold": 0.3, "nms_iou": 0.45, "max_detec
 CAMERA_QOS_OVERRIDES = {"qos_overrides": {f"{NS}/camera/image_raw": {"subscription": {"reliability": "reliable"}}}}
 
 pytestmark = [pytest.mark.timeout(600),
-              pytest.mark.skipif(not YOLO.available() or not photos(), reason=YOLO.skip_reason)]
+              pytest.mark.skipif(not YOLO.available() or not photos(), reason=YOLO.skip_reason), pytest.mark.graph]
 
 
 def astronaut() -> np.ndarray:

@@ -135,6 +135,7 @@ def rapidocr_probability(session: ort.InferenceSession, rgb: np.ndarray) -> np.n
     return cv2_linear(prob[:, :, None], height, width)[:, :, 0]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not TEXT.available(), reason=TEXT.skip_reason)
 @pytest.mark.skipif(text_page() is None, reason="scikit-image is not installed (real-model corpus)")
 def test_text_segmenter_agrees_with_rapidocrs_pipeline():

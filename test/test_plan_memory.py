@@ -149,6 +149,7 @@ def _load(path: Path) -> list[tuple[int, int, int]]:
         return [(int(r["lower"]), int(r["upper"]), int(r["size"])) for r in csv.DictReader(fh)]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not BENCH.is_dir(), reason="shared MiniMalloc benchmark data not present")
 def test_minimalloc_challenging_problems_are_solved_validly():
     files = sorted(BENCH.glob("*.csv"))

@@ -56,6 +56,7 @@ def brute_force_peak(nodes, size_of, outputs, objective="max"):
     return best
 
 
+@pytest.mark.slow
 def test_exact_matches_brute_force_on_small_random_dags():
     rng = random.Random(1)
     for trial in range(80):
@@ -176,6 +177,7 @@ def test_bad_inputs_raise_value_error():
         best_order([OpNode("a", (), ("x",)), OpNode("b", (), ("x",))], lambda t: 1)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 10_000), st.integers(2, 40), st.integers(1, 3))
 def test_property_orders_are_valid_and_consistent(seed, n, max_in):

@@ -95,6 +95,7 @@ def test_arena_slots_and_page_drops_follow_a_64k_page():
             arena.close()
 
 
+@pytest.mark.slow
 def test_a_64k_page_host_streams_the_model_as_given_within_its_budget():
     path = str(ensure_model("lane"))
     reference = ort.InferenceSession(path, providers=["CPUExecutionProvider"])

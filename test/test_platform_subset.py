@@ -11,7 +11,7 @@ import sys
 import pytest
 from test_rdp_conformance import _cases, _tensor_only, judge
 
-pytestmark = pytest.mark.subset
+pytestmark = [pytest.mark.subset, pytest.mark.graph]
 
 #: every this-many-th tensor-only case of onnx's node tests (~150 of ~1,860, all op families)
 SAMPLE_EVERY = 12

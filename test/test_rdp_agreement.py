@@ -207,6 +207,7 @@ def _zoo_available() -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_light_models_agree():
     tally, notes = light_tally()
     print(f"light models: {tally.right}/{tally.total} right, {tally.wrong} wrong, {tally.nac} nac; dims {notes}")

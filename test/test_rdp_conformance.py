@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import numpy_helper
 
 from dynnet_ros.engine.rdp import analyze
@@ -161,6 +162,7 @@ def report_path() -> Path:
     return Path(d) / "rdp-conformance.md" if d else Path(tempfile.gettempdir()) / "dynnet-rdp-conformance.md"
 
 
+@pytest.mark.slow
 def test_conformance_suite():
     results = run_all()
     path = report_path()
@@ -185,6 +187,7 @@ if __name__ == "__main__":
     print(Counter(r[2] for r in res), f"exact {sum(r[2] == 'exact' for r in res) / len(res):.2%}", out)
 
 
+@pytest.mark.slow
 def test_conformance_suite_fully_symbolic():
     """Same suite with *every* input dim symbolic (no values given): RDP's expressions,
     evaluated at the real input sizes, must never be wrong; nac is expected here."""

@@ -349,6 +349,7 @@ def exprs(draw, depth=0):
             "neg": lambda: -a if not isinstance(a, int) else -a}[op]()
 
 
+@pytest.mark.slow
 @given(exprs(), st.integers(0, 300), st.integers(0, 300))
 @settings(max_examples=300, deadline=None)
 def test_rendered_expressions_are_python_exact(e, h, w):

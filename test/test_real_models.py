@@ -72,6 +72,7 @@ def test_outputs_equal_onnxruntime_at_three_shapes(case):
     assert case.engine.stats()["runs"] == len(case.feeds)
 
 
+@pytest.mark.slow
 def test_budgets_of_a_share_of_the_weights_run_or_state_the_minimum(case):
     """A budget for a share of the weights: the in-memory level (the engine's footprint besides
     weights at the input size, its calibration, plus every weight) less the other share of the

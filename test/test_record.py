@@ -26,6 +26,8 @@ from dynnet_ros.bags.scenes import SIM_TOPICS
 from dynnet_ros.bags.writer import standard_typestore
 from dynnet_ros.commands.up import stop_process_group
 
+pytestmark = pytest.mark.graph
+
 NS = "/rec_test"
 INPUTS = (f"{NS}/camera/image_raw", f"{NS}/camera/camera_info", f"{NS}/lidar/points")
 OUTPUTS = (f"{NS}/lane/mask", f"{NS}/depth/image")

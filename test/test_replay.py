@@ -52,7 +52,7 @@ OUTPUTS = {"/lane/mask": Image, "/depth/image": Image, "/pedestrian/markers": Ma
 #: bag time of the first frame: 1000 s after the epoch, far from any wall-clock time
 BAG_START_NS = 1000 * NS
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.graph]
 
 
 def _time(stamp_ns: int):

@@ -33,7 +33,7 @@ GRAPH_NS = f"/lossless_{os.getpid()}"
 MODEL_NODES = ("lane_node", "pedestrian_node", "depth_node")
 OUTPUTS = ("/lane/mask", "/pedestrian/markers", "/depth/image")
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.graph]
 
 
 def replay(*args: str, timeout: float = 840) -> subprocess.CompletedProcess:

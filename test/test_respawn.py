@@ -30,7 +30,7 @@ from dynnet_ros.graph_config import default_config_path, parse_graph
 from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.zoo import ensure_model
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.graph]
 
 NS = f"/respawn_{os.getpid()}"
 CRASH_RETRIES = 2

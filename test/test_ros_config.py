@@ -29,6 +29,8 @@ from dynnet_ros.graph_config import (
 from dynnet_ros.nodes.parameter_check import DECLARED, check_graph_parameters, parameter_problems
 from dynnet_ros.units import MB
 
+pytestmark = pytest.mark.graph
+
 
 def test_vehicle_yaml_is_valid_and_complete():
     graph = load_graph(default_config_path())

@@ -15,7 +15,7 @@ from dynnet_ros.zoo import ensure_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.timeout(600)  # the 20 s count from when every model serves
+pytestmark = [pytest.mark.timeout(600), pytest.mark.graph]
 
 
 def test_demo_writes_summary_and_plot(tmp_path):

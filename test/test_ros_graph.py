@@ -47,7 +47,7 @@ ALL_NODES = ("sensor_sim",) + MODEL_NODES + ("budget_manager",)
 #: the default config's processes: the simulator, and the container with the model nodes and the manager
 PROCESSES = ("sensor_sim", "model_container")
 
-pytestmark = pytest.mark.timeout(480)
+pytestmark = [pytest.mark.timeout(480), pytest.mark.graph]
 
 
 def wait_for(predicate, timeout: float, what: str):

@@ -50,8 +50,11 @@ NO_NETWORK = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0
               "HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9",
               "no_proxy": "", "NO_PROXY": ""}
 
-pytestmark = pytest.mark.skipif(not SNAPSHOT.is_dir(),
-                                reason=f"the rosdistro snapshot {SNAPSHOT} is absent (../shared beside the repository)")
+pytestmark = [
+    pytest.mark.skipif(not SNAPSHOT.is_dir(),
+                       reason=f"the rosdistro snapshot {SNAPSHOT} is absent (../shared beside the repository)"),
+    pytest.mark.graph,
+]
 
 
 @dataclass(frozen=True)

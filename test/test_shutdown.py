@@ -26,7 +26,7 @@ from dynnet_ros.graph_config import default_config_path, parse_graph
 from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.zoo import ensure_model
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.graph]
 
 MODEL_NODES = ("lane_node", "pedestrian_node", "depth_node")
 ESCALATION_TIMEOUT_S = 20.0  # far above a clean stop; only a hang reaches it

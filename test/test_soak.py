@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.graph
+
 REPO = Path(__file__).resolve().parents[1]
 FD_SLACK = 2       # descriptors a node may hold more at the end than at its early peak
 THREAD_SLACK = 2   # threads likewise

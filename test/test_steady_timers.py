@@ -35,7 +35,7 @@ NS = f"/steadytest_{os.getpid()}"
 LANE = f"{NS}/lane_node"
 # A deadline for each condition, not a speed requirement: the timers fire about once a second.
 WAIT_S = 120.0
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.graph]
 
 
 class _InMemoryEngine:

@@ -9,6 +9,8 @@ from _swap_models import conv_chain
 from dynnet_ros.cli import main
 from dynnet_ros.commands.swap_bench import OVER_LIMIT, sweep_sizes
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture()
 def model(tmp_path, monkeypatch):

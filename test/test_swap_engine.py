@@ -18,6 +18,7 @@ def isolated(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("DYNNET_SWAP_DIR", str(tmp_path_factory.getbasetemp() / "swap-stores"))
 
 
+@pytest.mark.slow
 def test_inmemory_level_prices_the_planned_engine():
     """The in-memory level (top of the latency table, what the budget manager sees) is the
     engine's own footprint with every weight resident — weights + what it holds besides them at
@@ -37,6 +38,7 @@ def test_inmemory_level_prices_the_planned_engine():
     engine.close()
 
 
+@pytest.mark.slow
 def test_latency_table_tops_out_with_the_measured_in_memory_level():
     engine = Engine(str(ensure_model("lane")), threads=1)
     feeds = make_feeds(engine.inputs, 64, 96)
@@ -53,6 +55,7 @@ def test_latency_table_tops_out_with_the_measured_in_memory_level():
     engine.close()
 
 
+@pytest.mark.slow
 def test_in_memory_model_proto_streams_under_a_budget(tmp_path):
     proto = onnx.load(conv_chain(tmp_path / "chain.onnx"))
     engine = Engine(proto, threads=1)
@@ -67,6 +70,7 @@ def test_in_memory_model_proto_streams_under_a_budget(tmp_path):
     engine.close()
 
 
+@pytest.mark.slow
 def test_stats_dict_is_derived_from_the_typed_stats():
     engine = Engine(str(ensure_model("lane")), threads=1, swappable=True)
     engine.run(make_feeds(engine.inputs, 64, 96))

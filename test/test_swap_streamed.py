@@ -10,6 +10,8 @@ from dynnet_ros.commands.swap_bench_worker import cached_bytes_of, make_feeds
 from dynnet_ros.engine import Engine
 from dynnet_ros.zoo import MODEL_NAMES, ensure_model
 
+pytestmark = pytest.mark.slow
+
 SIZES = [(96, 128), (64, 96)]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
 
@@ -32,6 +33,7 @@ def test_weights_read_only_by_if_branches_are_kept():
     onnx.checker.check_model(model)
 
 
+@pytest.mark.slow
 def test_a_budgeted_engine_streams_weights_read_only_by_if_branches(tmp_path, monkeypatch):
     monkeypatch.setenv("DYNNET_SWAP_DIR", str(tmp_path / "swap"))
     path = tmp_path / "branches.onnx"

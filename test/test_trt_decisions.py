@@ -55,6 +55,8 @@ from dynnet_ros.engine.backends.trt_switch import EngineSwitch, NotServable
 from dynnet_ros.engine.model_io import InputSpec
 from dynnet_ros.units import MB
 
+pytestmark = pytest.mark.graph
+
 F32 = np.dtype("float32")
 IMAGE = [InputSpec("image", F32, (1, 3, "H", "W"))]
 ORIN = DeviceInfo("Orin", (8, 7), "10.3.0", dla_cores=2, sm_count=16, free_bytes=16 << 30)

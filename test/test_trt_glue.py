@@ -26,6 +26,8 @@ from dynnet_ros.engine.backends.cpu import OrtExecutor
 from dynnet_ros.engine.backends.trt_config import TrtOptions
 from dynnet_ros.zoo import ensure_model, example_inputs
 
+pytestmark = pytest.mark.graph
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -30,7 +30,7 @@ def _skip_reason() -> str | None:
 
 
 REASON = _skip_reason()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+pytestmark = [pytest.mark.skipif(REASON is not None, reason=REASON or ""), pytest.mark.graph]
 
 if REASON is None:  # pragma: no cover - GPU machines only
     from dynnet_ros.engine import Engine

@@ -15,6 +15,8 @@ from dynnet_ros.zoo import BUILDER_VERSION, MODEL_NAMES, build_all, build_model,
 from dynnet_ros.zoo.gated import GATE_THRESHOLDS
 from dynnet_ros.zoo.stats import layer_costs, model_stats
 
+pytestmark = pytest.mark.graph
+
 # (H, W) sizes, all multiples of 32: QVGA padded to 256x320, VGA, 720p padded to 736x1280
 SIZES = [(256, 320), (480, 640), (736, 1280)]
 
