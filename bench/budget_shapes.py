@@ -43,7 +43,7 @@ def zoo_shapes(name: str, height: int, width: int) -> Shapes:
 
 def cases() -> dict[str, tuple[str, list[Shapes]]]:
     """model -> (path, shape sequence): zoo models over the letterboxed sizes a node feeds, the
-    corpus detector and text recogniser over the sizes the issue's measurement fed them."""
+    corpus detector and text recogniser over a detector's and a text line's usual input sizes."""
     out = {name: (str(ensure_model(name)), [zoo_shapes(name, h, w) for h, w in ((256, 320), (480, 640), (384, 640))])
            for name in MODEL_NAMES}
     detector, recogniser = by_name("yolov8n-detector"), by_name("ppocr-text-recogniser")
