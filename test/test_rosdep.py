@@ -129,7 +129,10 @@ def rosdep(tmp_path_factory) -> Rosdep:
     (sources / "20-default.list").write_text("".join(
         f"yaml {(SNAPSHOT / 'rosdep' / name).as_uri()}\n" for name in ("base.yaml", "python.yaml")))
     (sources / "50-dynnet_ros.list").write_text(f"yaml {OUR_RULES.as_uri()}\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROS", "PIP_"))}
+    # A robot's workspace before `rosdep install`: no ROS settings, and no install space whose packages
+    # `--ignore-src` would take as already built (make test sources the interface kit's)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("ROS", "PIP_")) and k not in ("AMENT_PREFIX_PATH", "CMAKE_PREFIX_PATH")}
     env.update(NO_NETWORK, ROSDEP_SOURCE_PATH=str(sources), ROS_HOME=str(tmp / "ros_home"),
                ROSDISTRO_INDEX_URL=_index(tmp).as_uri())
     workspace = tmp / "ws" / "src"
