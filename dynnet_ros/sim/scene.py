@@ -125,17 +125,34 @@ def _cast(origin: np.ndarray, dirs: np.ndarray, scene: Scene, max_range: float):
     return best, kind, ped_index
 
 
+#: rows rendered at a time: the float32 working set stays a few hundred KiB at any frame size
+BAND_ROWS = 32
 _NOISE_CACHE: dict[tuple[int, int], np.ndarray] = {}
 
 
-def _noise(height: int, width: int, frame: int) -> np.ndarray:
-    """Sensor noise as a cached pattern shifted per frame (fresh Gaussian noise per 1280x720
-    frame would cost more than rendering it)."""
+def _noise_pattern(height: int, width: int) -> np.ndarray:
+    """Sensor noise for one frame size: a fixed Gaussian pattern, shifted per frame by whole rows
+    (fresh Gaussian noise per 1280x720 frame would cost more than rendering it)."""
     key = (height, width)
     if key not in _NOISE_CACHE:
         rng = np.random.default_rng(height * 10007 + width)
-        _NOISE_CACHE[key] = rng.normal(0.0, 4.0, (height, width, 3)).astype(np.float32)
-    return np.roll(_NOISE_CACHE[key], shift=(frame * 7) % height, axis=0)
+        pattern = np.empty((height, width, 3), dtype=np.float32)
+        for top in range(0, height, BAND_ROWS):  # drawn in sequence: the values of one full draw
+            band = pattern[top:top + BAND_ROWS]
+            band[:] = rng.normal(0.0, 4.0, band.shape)
+        _NOISE_CACHE[key] = pattern
+    return _NOISE_CACHE[key]
+
+
+def _add_shifted_rows(band: np.ndarray, pattern: np.ndarray, first_row: int, shift: int) -> None:
+    """``band += np.roll(pattern, shift, axis=0)[first_row:first_row + len(band)]`` without the
+    rolled copy: the band's rows are ``pattern``'s rows ``first_row - shift`` on, wrapping."""
+    height = len(pattern)
+    start = (first_row - shift) % height
+    head = min(len(band), height - start)
+    band[:head] += pattern[start:start + head]
+    if head < len(band):
+        band[head:] += pattern[:len(band) - head]
 
 
 def render_camera(scene: Scene, width: int, height: int, *, frame: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -143,7 +160,9 @@ def render_camera(scene: Scene, width: int, height: int, *, frame: int = 0) -> t
 
     The camera has no roll or pitch, so the ground depth of a pixel depends on its row only
     and each pedestrian's front face is an axis-aligned rectangle in the image: both are drawn
-    analytically (the same geometry the LiDAR ray-caster intersects).
+    analytically (the same geometry the LiDAR ray-caster intersects). Every pixel is computed on
+    its own, so the image is drawn ``BAND_ROWS`` rows at a time: a 1280x720 frame needs the
+    output arrays and a band's float32 colours, not full-frame float temporaries.
     """
     k = camera_matrix(width, height)
     xn = ((np.arange(width, dtype=np.float32) - k[0, 2]) / k[0, 0])[None, :]
@@ -152,17 +171,12 @@ def render_camera(scene: Scene, width: int, height: int, *, frame: int = 0) -> t
         row_depth = np.where(yn > 1e-6, CAMERA_HEIGHT / np.maximum(yn, 1e-6), np.inf).astype(np.float32)
     row_depth[row_depth > 150.0] = np.inf
     depth = np.broadcast_to(row_depth, (height, width)).copy()
-    ground = np.isfinite(depth)
-    gy = -depth * xn  # lateral offset of each ground point (inf on sky rows, masked below)
-    mat = _ground_material(np.broadcast_to(row_depth, (height, width))[ground], gy[ground], scene.dash_phase)
+    image = np.empty((height, width, 3), dtype=np.uint8)
     palette = np.array([[64, 140, 51], [77, 77, 82], [242, 242, 235]], dtype=np.float32)
-    rgb = np.empty((height, width, 3), dtype=np.float32)
     elevation = np.clip(-yn, 0, 1)
     sky = np.concatenate([140 - 50 * elevation, 178 - 38 * elevation, np.full_like(elevation, 242)], axis=1)
-    rgb[:] = sky[:, None, :]
-    shade = np.clip(1.0 - np.broadcast_to(row_depth, (height, width))[ground] / 200.0, 0.7, 1.0)[:, None]
-    rgb[ground] = palette[mat] * shade
     fx, fy, cx, cy = k[0, 0], k[1, 1], k[0, 2], k[1, 2]
+    faces = []  # (row range, column range, depth, colour per row), drawn far to near
     for ped in sorted(scene.pedestrians, key=lambda p: -p.x):
         u1 = int(math.ceil(fx * (-(ped.y + ped.width / 2) / ped.x) + cx))
         u2 = int(math.floor(fx * (-(ped.y - ped.width / 2) / ped.x) + cx))
@@ -171,16 +185,34 @@ def render_camera(scene: Scene, width: int, height: int, *, frame: int = 0) -> t
         u1, u2, v1, v2 = max(u1, 0), min(u2, width - 1), max(v1, 0), min(v2, height - 1)
         if u1 > u2 or v1 > v2:
             continue
-        region = depth[v1:v2 + 1, u1:u2 + 1]
-        front = region > ped.x
-        region[front] = ped.x
         z = CAMERA_HEIGHT - (np.arange(v1, v2 + 1, dtype=np.float32) - cy) / fy * ped.x
         color = np.array(ped.color, dtype=np.float32) * 255.0
-        patch = color[None, None, :] * (0.65 + 0.35 * (z / ped.height))[:, None, None]
-        rgb[v1:v2 + 1, u1:u2 + 1][front] = np.broadcast_to(patch, region.shape + (3,))[front]
-    rgb += _noise(height, width, frame)
-    image = np.clip(rgb, 0, 255).astype(np.uint8)
-    depth[~np.isfinite(depth)] = 0.0
+        faces.append((v1, v2, u1, u2, ped.x, color[None, None, :] * (0.65 + 0.35 * (z / ped.height))[:, None, None]))
+    pattern, shift = _noise_pattern(height, width), (frame * 7) % height
+    for top in range(0, height, BAND_ROWS):
+        bottom = min(top + BAND_ROWS, height)
+        band_depth = depth[top:bottom]
+        band_rows = np.broadcast_to(row_depth[top:bottom], band_depth.shape)
+        ground = np.isfinite(band_depth)
+        gy = -band_depth * xn  # lateral offset of each ground point (inf on sky rows, masked below)
+        mat = _ground_material(band_rows[ground], gy[ground], scene.dash_phase)
+        rgb = np.empty((bottom - top, width, 3), dtype=np.float32)
+        rgb[:] = sky[top:bottom, None, :]
+        shade = np.clip(1.0 - band_rows[ground] / 200.0, 0.7, 1.0)[:, None]
+        rgb[ground] = palette[mat] * shade
+        for v1, v2, u1, u2, x, patch in faces:
+            r1, r2 = max(v1, top), min(v2, bottom - 1)
+            if r1 > r2:
+                continue
+            region = band_depth[r1 - top:r2 - top + 1, u1:u2 + 1]
+            front = region > x
+            region[front] = x
+            rows = patch[r1 - v1:r2 - v1 + 1]
+            rgb[r1 - top:r2 - top + 1, u1:u2 + 1][front] = np.broadcast_to(rows, region.shape + (3,))[front]
+        _add_shifted_rows(rgb, pattern, top, shift)
+        np.clip(rgb, 0, 255, out=rgb)
+        image[top:bottom] = rgb
+        band_depth[~np.isfinite(band_depth)] = 0.0
     return image, depth
 
 
