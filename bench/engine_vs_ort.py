@@ -16,7 +16,8 @@ application feeds, what a node passes); zoo models at the planner's default refe
 
 Sides alternate (ours, onnxruntime, ours, ...) and each figure is the minimum over ``--repeats``.
 The output is self-describing: a JSON file with the machine's state (load average, cores,
-onnxruntime version, the command) and a markdown table (docs/engine.md, "Benchmark").
+onnxruntime version, the command) and a markdown table (docs/measurements.md, "Engine vs
+onnxruntime: every run").
 """
 from __future__ import annotations
 
