@@ -29,7 +29,7 @@ help:
 	@echo "make test   - build the venv and run the whole test suite"
 	@echo "make test-subset - the platform subset (tests marked 'subset'), e.g. make PYTHON=python3.10 test-subset"
 	@echo "make check  - the fast loop: ruff, mypy and the tests that start no process or ROS graph, in parallel"
-	@echo "make lint   - ruff and mypy (also part of make test)"
+	@echo "make lint   - ruff and mypy (make test and make check run it first)"
 	@echo "make bench  - run the benchmarks under bench/"
 
 $(VENV)/.stamp: requirements.txt requirements-dev.txt requirements-corpus.txt setup.py package.xml $(ORT_PINS)
@@ -73,8 +73,14 @@ WITH_IFACES := $(if $(IFACE_STAMP),. $(IFACE_DIR)/install/local_setup.sh &&)
 zoo: venv
 	$(VENV)/bin/dynnet zoo build
 
-test: venv $(LAUNCH_STAMP) $(IFACE_STAMP)
-	$(WITH_IFACES) $(PY) -m pytest test $(PYTEST_ARGS)
+# The whole suite: lint, then the tests that start no process or ROS graph and time nothing on all
+# cores (pytest-xdist), then the `graph` and `serial` ones one at a time (they start ROS graphs or
+# compare timings, which a neighbour on the same core would skew). Both halves run; either failing fails.
+test: lint $(LAUNCH_STAMP) $(IFACE_STAMP)
+	@rc=0; \
+	$(WITH_IFACES) $(PY) -m pytest test -m "not graph and not serial" -n auto $(PYTEST_ARGS) || rc=1; \
+	$(WITH_IFACES) $(PY) -m pytest test -m "graph or serial" $(PYTEST_ARGS) || rc=1; \
+	exit $$rc
 
 # What .ci/run repeats on every supported interpreter: package import, engine vs onnxruntime on
 # every zoo model at two shapes, an RDP conformance sample, one ROS graph test (marker in conftest).
@@ -82,9 +88,10 @@ test-subset: venv
 	$(PY) -m pytest test -m subset $(PYTEST_ARGS)
 
 # The fast loop for a maintainer: lint, then every test not marked `graph` (starts processes, a ROS
-# graph or a launch service) or `slow`, on all cores (pytest-xdist). `make test` stays the whole suite.
+# graph or a launch service), `serial` (compares timings) or `slow`, on all cores (pytest-xdist).
+# `make test` stays the whole suite.
 check: lint
-	$(PY) -m pytest test -m "not graph and not slow" -n auto -p no:cacheprovider -q $(PYTEST_ARGS)
+	$(PY) -m pytest test -m "not graph and not serial and not slow" -n auto -p no:cacheprovider -q $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check dynnet_ros test bench launch setup.py

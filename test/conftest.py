@@ -30,6 +30,8 @@ def pytest_configure(config):
     # `make check` (the fast loop) leaves these out; `make test` runs everything
     config.addinivalue_line("markers", "graph: starts processes, a ROS graph or a launch service")
     config.addinivalue_line("markers", "slow: tens of CPU-seconds on its own (whole operator suites, banded stems)")
+    # `make test` runs these one at a time, after the parallel part: a neighbour on the same core would skew them
+    config.addinivalue_line("markers", "serial: compares timings measured in the test")
 
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -102,6 +102,7 @@ def test_part_graph_follows_the_runtime_parts():
         part_graph(info, ["cpu0", "cpu1"], {}, hw)
 
 
+@pytest.mark.serial
 def test_measured_mappings_keep_the_predicted_order():
     """Two mappings of multiexit's depth stages on cpu0 — every frame answered at exit 0, and
     every frame run to the last exit — measured in the stage runtime in one run (interleaved,

@@ -41,7 +41,7 @@ def _mapping(thresholds, deadline=None, units=("cpu0", "cpu1", "cpu0")):
 def test_the_runtime_is_an_executor_and_answers_like_the_model(multiexit, depth_set):
     executor = StageExecutor(depth_set, _mapping([2.0, 2.0, None]))
     try:
-        protocol: Executor = executor    # mypy (test_lint) checks it satisfies the protocol
+        protocol: Executor = executor    # mypy (make lint) checks it satisfies the protocol
         assert protocol.name == "mapped" and protocol.arena_bytes_at({"image": (1, 3, 96, 128)}) is None
         feed = example_inputs("multiexit", 96, 128)
         out = executor.run(feed)
