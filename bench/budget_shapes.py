@@ -22,12 +22,12 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test"))
-from _corpus import by_name  # noqa: E402 - the corpus lives with the tests
+from _corpus import by_name  # the corpus lives with the tests
 
-from dynnet_ros.commands.swap_bench import parse_budget, run_worker  # noqa: E402
-from dynnet_ros.engine import Engine  # noqa: E402
-from dynnet_ros.units import MB  # noqa: E402
-from dynnet_ros.zoo import MODEL_NAMES, ensure_model  # noqa: E402
+from dynnet_ros.commands.swap_bench import parse_budget, run_worker
+from dynnet_ros.engine import Engine
+from dynnet_ros.units import MB
+from dynnet_ros.zoo import MODEL_NAMES, ensure_model
 
 Shapes = dict[str, tuple[int, ...]]
 

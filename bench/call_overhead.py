@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import onnxruntime as ort
@@ -28,7 +28,7 @@ from dynnet_ros.engine.model_io import input_specs, load_model
 from dynnet_ros.zoo import resolve_model_spec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "test"))
-import _corpus  # noqa: E402 - test helper module, found through the path set just above
+import _corpus  # test helper module, found through the path set just above
 
 
 def model_and_feeds(name: str) -> tuple[str, dict[str, np.ndarray]]:

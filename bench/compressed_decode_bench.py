@@ -21,7 +21,7 @@ import io
 import subprocess
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from PIL import Image

@@ -18,11 +18,11 @@ import numpy as np
 import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test"))
-from _corpus import CorpusModel, available_models  # noqa: E402 - the corpus lives with the tests
+from _corpus import CorpusModel, available_models  # the corpus lives with the tests
 
-from dynnet_ros.engine import Engine  # noqa: E402
-from dynnet_ros.engine.backends.cpu import session_options  # noqa: E402
-from dynnet_ros.units import MB  # noqa: E402
+from dynnet_ros.engine import Engine
+from dynnet_ros.engine.backends.cpu import session_options
+from dynnet_ros.units import MB
 
 ROUNDS = 5
 

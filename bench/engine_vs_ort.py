@@ -40,13 +40,13 @@ STEADY_MIN_S = 1.0  # the steady pass repeats the feed sequence until this much 
 
 def _corpus():
     sys.path.insert(0, str(REPO / "test"))
-    import _corpus  # noqa: PLC0415 - test helper module, found through the path set just above
+    import _corpus  # test helper module, found through the path set just above
     return _corpus
 
 
 def model_path(name: str) -> str:
     if name.startswith("zoo:"):
-        from dynnet_ros.zoo import resolve_model_spec  # noqa: PLC0415 - keeps the parent's imports light
+        from dynnet_ros.zoo import resolve_model_spec  # keeps the parent's imports light
         return resolve_model_spec(name)
     path = _corpus().by_name(name).path()
     if path is None:
@@ -59,8 +59,8 @@ def feed_sequence(name: str, samples: int, seed: int) -> list[dict[str, np.ndarr
     their own feeds (test/_corpus.py), cycled to ``samples``."""
     rng = np.random.default_rng(seed)
     if name.startswith("zoo:"):
-        from dynnet_ros.commands.bench import ShapeSpec, make_feeds  # noqa: PLC0415
-        from dynnet_ros.engine.model_io import input_specs, load_model  # noqa: PLC0415
+        from dynnet_ros.commands.bench import ShapeSpec, make_feeds
+        from dynnet_ros.engine.model_io import input_specs, load_model
         specs = input_specs(load_model(model_path(name), check=False, external_data=False))
         pairs = ShapeSpec(sides=tuple(range(224, 641, 32))).sequence(samples, seed)
         return [make_feeds(specs, h, w, rng) for h, w in pairs]
@@ -69,10 +69,10 @@ def feed_sequence(name: str, samples: int, seed: int) -> list[dict[str, np.ndarr
 
 
 def worker(name: str, side: str, threads: int, samples: int, seed: int) -> dict:
-    import onnxruntime as ort  # noqa: PLC0415 - imported before the baseline in both sides
+    import onnxruntime as ort  # imported before the baseline in both sides
 
-    from dynnet_ros.engine import Engine  # noqa: PLC0415
-    from dynnet_ros.engine.procmem import reset_peak_rss, status_bytes  # noqa: PLC0415
+    from dynnet_ros.engine import Engine
+    from dynnet_ros.engine.procmem import reset_peak_rss, status_bytes
     path = model_path(name)
     feeds = feed_sequence(name, samples, seed)
     reset_peak_rss()
@@ -154,8 +154,8 @@ def summarise(name: str, runs: dict[str, list[dict]]) -> dict:
 
 def weights_mb(name: str) -> float:
     """Bytes of the model's initializers and Constant tensors (paddle2onnx stores weights as either)."""
-    import onnx  # noqa: PLC0415
-    from onnx import numpy_helper  # noqa: PLC0415
+    import onnx
+    from onnx import numpy_helper
     def tensors(graph: onnx.GraphProto) -> list[onnx.TensorProto]:
         found = list(graph.initializer)
         for node in graph.node:
@@ -235,7 +235,7 @@ def main() -> int:
     for item in args.models.split(","):
         names += [m.name for m in _corpus().available_models()] if item == "corpus" else [item]
     args.out.mkdir(parents=True, exist_ok=True)
-    import onnxruntime as ort  # noqa: PLC0415
+    import onnxruntime as ort
     meta = {"utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "cpus": os.cpu_count(), "machine": platform.platform(), "onnxruntime": ort.__version__,
             "loadavg_before": " ".join(f"{v:.1f}" for v in os.getloadavg()), "threads": args.threads,

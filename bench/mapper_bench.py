@@ -22,7 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import onnx

@@ -52,7 +52,7 @@ from dynnet_ros.mapper.runtime import StageExecutor
 from dynnet_ros.perception.model_info import model_info
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test"))
-from _corpus import by_name, photos, resize, text_page  # noqa: E402 - the corpus lives with the tests
+from _corpus import by_name, photos, resize, text_page  # the corpus lives with the tests
 
 MODELS = ("yolov8n-detector", "ppocr-text-detector")
 

@@ -80,9 +80,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "graph.yaml"
         cfg.write_text(yaml.safe_dump(data, sort_keys=False))
-        log = open(Path(tmp) / "graph.log", "w")
-        proc = subprocess.Popen([sys.executable, "-m", "dynnet_ros.cli", "up", "--config", str(cfg), "--namespace", ns],
-                                cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        with open(Path(tmp) / "graph.log", "w") as log:  # the child holds its own descriptor
+            proc = subprocess.Popen([sys.executable, "-m", "dynnet_ros.cli", "up", "--config", str(cfg),
+                                     "--namespace", ns],
+                                    cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         import rclpy
         from diagnostic_msgs.msg import DiagnosticArray
         from std_msgs.msg import String
@@ -154,7 +155,6 @@ def main() -> int:
             node.destroy_node()
             rclpy.shutdown()
             stop_process_group(proc)
-            log.close()
             errors = [line for line in (Path(tmp) / "graph.log").read_text().splitlines()
                       if "ERROR" in line or "WARN" in line]
             print(json.dumps({"log_warnings_errors": len(errors), "first": errors[:5]}))

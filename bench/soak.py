@@ -39,9 +39,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import psutil
@@ -276,10 +277,11 @@ def run(args: argparse.Namespace) -> dict:
         cfg = Path(tmp) / "soak.yaml"
         cfg.write_text(yaml.safe_dump(data, sort_keys=False))
         log_path = out / "graph.log"
-        log = open(log_path, "w")
-        up = subprocess.Popen([sys.executable, "-m", "dynnet_ros.cli", "up", "--config", str(cfg), "--namespace", ns],
-                              cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True)
+        with open(log_path, "w") as log:  # the child holds its own descriptor
+            up = subprocess.Popen([sys.executable, "-m", "dynnet_ros.cli", "up", "--config", str(cfg),
+                                   "--namespace", ns],
+                                  cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
         up_ps = psutil.Process(up.pid)
         hog: subprocess.Popen | None = None
         try:
@@ -332,7 +334,6 @@ def run(args: argparse.Namespace) -> dict:
                 hog.kill()
                 hog.wait()
             code = stop_process_group(up, timeout=60.0)
-            log.close()
             ros.close()
     return summarize(args, rec, samples, hog_events, budget_sets, load, t0, t_end, code, ns)
 

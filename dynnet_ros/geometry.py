@@ -9,7 +9,7 @@ mount with it. Letterboxing and projection onto pixels belong to the perception 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -11,9 +11,10 @@ import math
 import re
 import sys
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import yaml
 
@@ -331,7 +332,7 @@ class ProcessSpec:
     parameters: dict[str, Any]
     remappings: tuple[tuple[str, str], ...]
     respawn: RespawnPolicy = field(default_factory=RespawnPolicy)
-    components: tuple["ProcessSpec", ...] = ()
+    components: tuple[ProcessSpec, ...] = ()
     threads: int = 0
 
     @property
@@ -341,7 +342,7 @@ class ProcessSpec:
         return EXECUTABLES.get(self.executable) or ON_REQUEST[self.executable]
 
     @property
-    def hosted(self) -> tuple["ProcessSpec", ...]:
+    def hosted(self) -> tuple[ProcessSpec, ...]:
         """The nodes this process runs: its components, or itself."""
         return self.components or (self,)
 

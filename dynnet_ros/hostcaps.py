@@ -15,10 +15,10 @@ from __future__ import annotations
 import os
 import platform
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterator
 
 from dynnet_ros.units import MB
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 import math
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Mapping
 
 PREFIX = "DYNNET_"
 #: Planner profiles (the planned CPU backend maps each name to its planner options).

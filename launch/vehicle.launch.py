@@ -35,7 +35,7 @@ def _default_config() -> str:
         path = os.path.join(get_package_share_directory(PACKAGE), "config", "vehicle.yaml")
         if os.path.isfile(path):
             return path
-    except Exception:  # not installed through colcon (e.g. a source checkout): use its copy
+    except (ImportError, LookupError, OSError):  # not installed through colcon (a source checkout): its copy
         pass
     return str(default_config_path())
 

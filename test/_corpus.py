@@ -44,9 +44,9 @@ models is synthetic (a chirp in noise from the caller's rng): no package ships s
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pytest

@@ -7,9 +7,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import yaml
@@ -50,7 +50,7 @@ class LaneClient:
         rgb = (scene_image(3, 224, 320)[0][0].transpose(1, 2, 0) * 255).astype(np.uint8)
         self.rgb = np.ascontiguousarray(rgb)
 
-    def started(self) -> "LaneClient":
+    def started(self) -> LaneClient:
         """Spinning (after a subclass added its own subscriptions to ``self.ros.node``)."""
         self.ros.start()
         return self

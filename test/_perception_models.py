@@ -7,8 +7,8 @@ with a 1x1 convolution, so the expected map follows from the frame.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 import onnx

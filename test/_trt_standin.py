@@ -520,7 +520,7 @@ def fake_modules(dla_cores: int = 0, version: str = "10.3.0"):
         def deserialize_cuda_engine(self, blob):
             try:
                 return Engine(blob)
-            except Exception:
+            except Exception:  # noqa: BLE001 - like TensorRT's: any unreadable blob deserializes to None
                 return None
 
     trt.Runtime = Runtime

@@ -208,9 +208,8 @@ def _bad(tmp_path: Path, kind: str) -> Path:
 ])
 def test_bad_bags_are_value_errors_naming_the_bag(tmp_path, kind, match):
     path = _bad(tmp_path, kind)
-    with pytest.raises(ValueError, match=match) as info:
-        with Bag(path) as bag:
-            list(bag.messages(bag.plan(type_available=known)))
+    with pytest.raises(ValueError, match=match) as info, Bag(path) as bag:
+        list(bag.messages(bag.plan(type_available=known)))
     assert str(info.value).startswith(f"bag {path}: ")
     assert "\n" not in str(info.value)
 

@@ -188,13 +188,13 @@ class Probe:
 @pytest.fixture(scope="module")
 def graph(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("budget_ros")
-    log = open(tmp / "graph.log", "w")
     memory = FakeMemory(tmp / "memory_root")
-    proc = subprocess.Popen([sys.executable, "-m", "dynnet_ros.cli", "up", "--config",
-                             str(_graph_config(tmp, memory.root)),
-                             "--namespace", NS],
-                            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    with open(tmp / "graph.log", "w") as log:  # the child holds its own descriptor
+        proc = subprocess.Popen([sys.executable, "-m", "dynnet_ros.cli", "up", "--config",
+                                 str(_graph_config(tmp, memory.root)),
+                                 "--namespace", NS],
+                                cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
     rclpy.init()
     probe = Probe(memory)
     try:
@@ -203,7 +203,6 @@ def graph(tmp_path_factory):
         probe.node.destroy_node()
         rclpy.shutdown()
         stop_process_group(proc)
-        log.close()
 
 
 def _all_profiled(probe: Probe):

@@ -102,8 +102,8 @@ _PEAK = textwrap.dedent("""
     import numpy as np, onnxruntime as ort
     from dynnet_ros.engine import Engine
     from dynnet_ros.engine.procmem import reset_peak_rss, status_bytes
-    path, side = sys.argv[1], sys.argv[2]
-    feeds = [{"x": np.ones(r * %d, np.float32), "shape": np.array([r, %d], np.int64), "flag": np.array(True)}
+    path, side, width = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    feeds = [{"x": np.ones(r * width, np.float32), "shape": np.array([r, width], np.int64), "flag": np.array(True)}
              for r in (4, 16, 8)]
     reset_peak_rss()
     base = status_bytes("VmRSS")
@@ -117,12 +117,12 @@ _PEAK = textwrap.dedent("""
     for f in feeds:
         run(f)
     print(json.dumps((status_bytes("VmHWM") - base) / 2**20))
-""" % (WIDTH, WIDTH))
+""")
 
 
 def _peak_mb(path: str, side: str) -> float:
-    proc = subprocess.run([sys.executable, "-c", _PEAK, path, side], capture_output=True, text=True, check=True,
-                          env=dict(os.environ))
+    proc = subprocess.run([sys.executable, "-c", _PEAK, path, side, str(WIDTH)], capture_output=True, text=True,
+                          check=True, env=dict(os.environ))
     return float(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 

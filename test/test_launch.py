@@ -325,10 +325,7 @@ def run_launch(env: dict[str, str], args: list[str], config: Path, use_sim: bool
             check_respawn(launch, graph, kill, outputs_flow)
     finally:
         observer.close()
-        if launch.proc.poll() is None:
-            code = launch.ctrl_c()
-        else:
-            code = launch.proc.returncode
+        code = launch.ctrl_c() if launch.proc.poll() is None else launch.proc.returncode
     log = launch.output()
     assert code == 0, log[-5000:]
     assert "escalating" not in log and "SIGKILL" not in log, log[-5000:]

@@ -33,7 +33,7 @@ def test_letterbox_round_trips(size, plan):
     height, width = size
     lb = plan_letterbox(height, width, **PLANS[plan])
     # the scaled frame fits inside the input, and the input is what the plan promises
-    assert 0 <= lb.top and lb.top + lb.new_h <= lb.pad_h and 0 <= lb.left and lb.left + lb.new_w <= lb.pad_w
+    assert lb.top >= 0 and lb.top + lb.new_h <= lb.pad_h and lb.left >= 0 and lb.left + lb.new_w <= lb.pad_w
     options = PLANS[plan]
     if options.get("fixed"):
         assert (lb.pad_h, lb.pad_w) == options["target"]

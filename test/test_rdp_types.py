@@ -3,6 +3,7 @@ the real-model corpus, as given and after the blocked-layout rewrite; and the pl
 RDP does not from onnxruntime itself (plan/ort_types.py), so a cut never lacks a type."""
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import numpy as np
@@ -30,10 +31,8 @@ def _path(model) -> str:
 def _variants(path: str) -> list[tuple[str, onnx.ModelProto]]:
     skeleton = load_for_backend("cpu", path)
     variants = [("as given", skeleton)]
-    try:
+    with contextlib.suppress(ValueError):  # no NCHWc kernels here, or none for this model: nothing more to check
         variants.append(("nchwc", laid_out_skeleton(skeleton)[0]))
-    except ValueError:  # no NCHWc kernels here, or none for this model: nothing more to check
-        pass
     return variants
 
 

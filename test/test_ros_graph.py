@@ -6,6 +6,7 @@ order: the SIGINT test is last.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -541,7 +542,5 @@ def test_children_exit_when_dynnet_up_itself_is_killed(tmp_path):
         if proc.poll() is None:
             proc.kill()
         for child in children:  # never leave a node behind, even when the assertion failed
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 child.kill()
-            except psutil.NoSuchProcess:
-                pass

@@ -8,6 +8,7 @@ The only timeouts are the generous escalation steps themselves.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -175,10 +176,8 @@ def cycle_start_stop(graph, namespace: str, reporters: Reporters, first_names: t
         for child in first:
             os.killpg(child.proc.pid, signal.SIGINT)
         for child in first:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 child.proc.wait(timeout=ESCALATION_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                pass
         hung = [c.node.name for c in first if c.proc.poll() is None]
     finally:
         codes = runner.stop(int_timeout=ESCALATION_TIMEOUT_S)

@@ -109,9 +109,8 @@ def opened_window(tmp_path, seed: int, reader_hook=None):
 
 
 def test_allowance_below_one_segment_is_refused(tmp_path):
-    with opened_window(tmp_path, 7) as (window, _):
-        with pytest.raises(ValueError, match="below"):
-            window.set_allowance(window.min_stream_bytes - ALIGN)
+    with opened_window(tmp_path, 7) as (window, _), pytest.raises(ValueError, match="below"):
+        window.set_allowance(window.min_stream_bytes - ALIGN)
 
 
 def test_failed_read_reaches_the_run_and_the_next_frame_recovers(tmp_path):

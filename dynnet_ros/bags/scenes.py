@@ -11,9 +11,9 @@ sensor_msgs/CompressedImage (JPEG or PNG, ``dynnet_ros.compressed``) on
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 from rosbags.typesys.store import Typestore

@@ -132,7 +132,7 @@ class BagWriter:
         self._writer.abort()
         shutil.rmtree(self.bag_dir, ignore_errors=True)
 
-    def __enter__(self) -> "BagWriter":
+    def __enter__(self) -> BagWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -7,8 +7,8 @@ long before the machine's RAM does.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 import psutil
 

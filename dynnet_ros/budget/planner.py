@@ -7,8 +7,8 @@ and reports the outcome back (accepted, or rejected with the node's reason).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Mapping
 
 from dynnet_ros.budget.oom import OomAction, OomPolicy, oom_action
 from dynnet_ros.budget.policy import (

@@ -99,7 +99,7 @@ class ModelProfile:
         return max(values) if values else None
 
     @classmethod
-    def from_json(cls, text: str) -> "ModelProfile":
+    def from_json(cls, text: str) -> ModelProfile:
         """Parse and validate; a malformed profile raises ValueError naming the field."""
         raw = _json_object(text, "profile")
         node = raw.get("node")
@@ -170,7 +170,7 @@ class OomReport:
     event: int | None = None
 
     @classmethod
-    def from_action(cls, action: OomAction, now_s: float, event: int | None = None) -> "OomReport":
+    def from_action(cls, action: OomAction, now_s: float, event: int | None = None) -> OomReport:
         return cls(action.node, action.cap_mb, action.reserve_add_mb, action.start_budget_mb, action.reference_mb,
                    action.evidence, max(0.0, action.until_s - now_s), event)
 
@@ -199,7 +199,7 @@ class NodeEvent:
         return json.dumps(asdict(self), separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, text: str) -> "NodeEvent":
+    def from_json(cls, text: str) -> NodeEvent:
         """Parse and validate; ValueError naming the field at fault."""
         raw = _json_object(text, "node event")
         node, kind = raw.get("node"), raw.get("kind")

@@ -7,6 +7,7 @@ before the machine as a whole runs out.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -128,10 +129,8 @@ class MemorySource:
     def readings(self) -> list[MemoryReading]:
         readings: list[MemoryReading] = []
         info: dict[str, int] = {}
-        try:
+        with contextlib.suppress(OSError):
             info = parse_meminfo(_read(self._proc("meminfo")))
-        except OSError:
-            pass
         if info and is_jetson_meminfo(info):
             readings.append(reading_from_jetson_meminfo(info))
         elif self.use_psutil:

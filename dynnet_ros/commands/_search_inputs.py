@@ -1,8 +1,8 @@
 """What `dynnet map profile|search` share: the model's stages, calibration frames, cached profiles."""
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 import onnx

@@ -16,9 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 import yaml

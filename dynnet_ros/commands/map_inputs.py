@@ -8,8 +8,8 @@ noise up to sigma 0.15, so early exits see easy and hard frames alike.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import onnx

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from dynnet_ros.graph_config import ProcessSpec
 

@@ -8,7 +8,7 @@ this step takes well under a second per model.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from dynnet_ros.graph_config import ProcessSpec
 from dynnet_ros.nodes.depth_node import make_depth_estimator

@@ -32,6 +32,7 @@ in the bag whose frame is not there.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import os
 import signal
@@ -40,9 +41,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from dynnet_ros.budget.oom import MemorySignals, oom_evidence, process_cgroup, read_signals
 from dynnet_ros.budget.protocol import BUDGET_PARAM, OWNER_PARAM, NodeEvent
@@ -119,10 +121,8 @@ def graph_env(base: dict[str, str] | None = None) -> dict[str, str]:
 
 def _child_setup() -> None:  # runs in the child between fork and exec
     os.setsid()
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
 
 
 @dataclass
@@ -296,10 +296,8 @@ class GraphRunner:
 
     def _on_exit(self, child: Child, code: int, now: float) -> None:
         name, policy = child.node.name, child.node.respawn
-        try:  # what the node itself started goes with it
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # what the node itself started goes with it
             os.killpg(child.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
         if code == 0:
             self._leave_down(name, "exited with status 0 without being asked to stop; not restarted")
             return
@@ -431,28 +429,22 @@ class GraphRunner:
             for child in alive:
                 if sig != signal.SIGINT:
                     self.escalated[child.node.name] = sig.name
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(child.proc.pid, sig)
-                except ProcessLookupError:
-                    pass
             deadline = time.monotonic() + timeout
             for child in alive:
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    pass
         for child in self.children:  # leftovers in a group (a node's own subprocesses)
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(child.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
             child.reader.join(timeout=2.0)
         if self.link is not None:
             self.link.close()
         self._tmp.cleanup()
         return {c.node.name: c.proc.returncode for c in self.children}
 
-    def __enter__(self) -> "GraphRunner":
+    def __enter__(self) -> GraphRunner:
         self.start()
         return self
 
@@ -554,7 +546,7 @@ class StopRequest:
         self.signal = signum
         self.event.set()
 
-    def __enter__(self) -> "StopRequest":
+    def __enter__(self) -> StopRequest:
         for sig in (signal.SIGINT, signal.SIGTERM):
             self._old[sig] = signal.signal(sig, self._handle)
         return self

@@ -8,14 +8,14 @@ from __future__ import annotations
 import keyword
 import os
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence, Union
 
 import numpy as np
 import onnx
 from onnx import helper
 
-ModelLike = Union[str, os.PathLike, onnx.ModelProto]
+ModelLike = str | os.PathLike | onnx.ModelProto
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RESERVED_SYMBOLS = {"min", "max"}  # names of RDP's shape-expression functions

@@ -12,9 +12,10 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import onnx

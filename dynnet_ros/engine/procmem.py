@@ -7,9 +7,9 @@ and must read it alike. psutil stands in only where ``/proc`` is missing (non-Li
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 import psutil
 

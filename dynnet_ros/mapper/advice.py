@@ -6,7 +6,8 @@ computation. ``map stages``, ``map run`` and ``map search`` say so with the same
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # types only: a node's cached pick (choices.py) needs neither module loaded
     from .search import Candidate
@@ -16,12 +17,12 @@ ONE_STAGE = ("one stage is faster: run the model unmapped (a node's `mapping` em
              "with `dynnet map exits`")
 
 
-def early_exits(stage_set: "StageSet") -> list[int]:
+def early_exits(stage_set: StageSet) -> list[int]:
     """The stages before the last whose exit can answer (a criterion, an answer)."""
     return [s.index for s in stage_set.stages[:-1] if s.exit.answer != "none" and s.exit.criterion != "none"]
 
 
-def no_early_exit(stage_set: "StageSet") -> str | None:
+def no_early_exit(stage_set: StageSet) -> str | None:
     """Why ``stage_set``'s stages cannot pay, or None: a depth-wise set without an early exit
     computes what one stage does, plus a hand-off per cut."""
     if stage_set.kind != "depth" or len(stage_set.stages) < 2 or early_exits(stage_set):
@@ -31,7 +32,7 @@ def no_early_exit(stage_set: "StageSet") -> str | None:
             f"hand-off(s); {ONE_STAGE}")
 
 
-def never_early(stage_set: "StageSet", histogram: Mapping[int, int], thresholds: Sequence[float | None]) -> str | None:
+def never_early(stage_set: StageSet, histogram: Mapping[int, int], thresholds: Sequence[float | None]) -> str | None:
     """Why the stages did not pay on the frames just run, or None: no frame answered early."""
     reason = no_early_exit(stage_set)
     if reason is not None or stage_set.kind != "depth" or len(stage_set.stages) < 2:
@@ -45,7 +46,7 @@ def never_early(stage_set: "StageSet", histogram: Mapping[int, int], thresholds:
     return None
 
 
-def no_exit_taken(chosen: "Candidate") -> str | None:
+def no_exit_taken(chosen: Candidate) -> str | None:
     """Why a depth-wise pick's stages do not pay, or None: none of its early exits fires at its
     thresholds on the calibration frames, so its stages only add dispatches and hand-offs."""
     if chosen.partition is not None or len(chosen.exit_rates) < 2 or any(chosen.exit_rates[:-1]):
@@ -54,8 +55,8 @@ def no_exit_taken(chosen: "Candidate") -> str | None:
             f"{len(chosen.exit_rates)} stages do what one stage does; {ONE_STAGE}")
 
 
-def one_stage_guard(chosen: "Candidate", candidates: Sequence["Candidate"], base_accuracy: float = 1.0,
-                    max_accuracy_drop: float = 1.0) -> tuple["Candidate", str | None]:
+def one_stage_guard(chosen: Candidate, candidates: Sequence[Candidate], base_accuracy: float = 1.0,
+                    max_accuracy_drop: float = 1.0) -> tuple[Candidate, str | None]:
     """``chosen``, or the fastest of ``candidates`` that keep every stage on one unit (within the
     accuracy drop) with why, when ``chosen`` is predicted slower than it, or spreads depth-wise
     stages over units without taking an early exit: such a mapping is never worth its stages,

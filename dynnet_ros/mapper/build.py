@@ -1,7 +1,7 @@
 """One entry point from a model and a partition to its stages (depth-wise or width-wise)."""
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -95,7 +96,7 @@ class SearchChoices:
                 "candidates": [c.to_json() for c in self.candidates]}
 
     @classmethod
-    def from_json(cls, data: Any, source: str = "<memory>") -> "SearchChoices":
+    def from_json(cls, data: Any, source: str = "<memory>") -> SearchChoices:
         where = f"search cache {source}"
         if not isinstance(data, Mapping) or data.get("version") != CACHE_VERSION:
             raise ValueError(f"{where}: not a version-{CACHE_VERSION} search result; run the search again")

@@ -18,8 +18,9 @@ graph output is an exit of its own.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -110,7 +111,7 @@ class ExitSpec:
         return out | ({"confidence": self.confidence_tensor} if self.confidence_tensor else {})
 
     @classmethod
-    def from_json(cls, item: Any, where: str = "exit") -> "ExitSpec":
+    def from_json(cls, item: Any, where: str = "exit") -> ExitSpec:
         if isinstance(item, str):
             return cls((item,))
         if not isinstance(item, Mapping) or set(item) - {"outputs", "criterion", "answer", "confidence"}:

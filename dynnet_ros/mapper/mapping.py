@@ -20,9 +20,10 @@ unit the hardware lacks, a DVFS level the unit lacks, a threshold on the last st
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 

@@ -7,7 +7,7 @@ benchmarks run it.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from pymoo.algorithms.moo.nsga2 import NSGA2

@@ -2,15 +2,15 @@
 coloured by accuracy, the single-unit baselines and the pick marked."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend is chosen first: no display here)
+import matplotlib.pyplot as plt  # the backend is chosen first: no display here
 
-from dynnet_ros.mapper.search import Candidate, SearchResult  # noqa: E402
+from dynnet_ros.mapper.search import Candidate, SearchResult
 
 
 def plot_pareto(result: SearchResult, chosen: Candidate | None, path: str | Path, title: str,

@@ -24,10 +24,10 @@ import os
 import statistics
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx

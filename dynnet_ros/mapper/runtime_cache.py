@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from .cache_files import read_json, write_json_atomic
 from .hardware import Hardware

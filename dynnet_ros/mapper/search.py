@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -78,7 +79,7 @@ class Candidate:
                    if self.partition is not None else {})}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "Candidate":
+    def from_json(cls, data: Mapping[str, Any]) -> Candidate:
         """The candidate ``to_json`` wrote (a cached search result); ValueError naming a bad field."""
         try:
             thresholds = tuple(NEVER if t is None else float(t) for t in data["thresholds"])

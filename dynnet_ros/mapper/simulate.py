@@ -22,8 +22,8 @@ Units without ``tops`` (the CPU complexes of the presets) are not simulated.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import numpy as np
 

@@ -14,9 +14,10 @@ on exactly the same values, so their outputs equal the original model's.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import onnx
 from onnx import helper
@@ -80,7 +81,7 @@ class StageSet:
         return out
 
     @classmethod
-    def load(cls, directory: str | Path) -> "StageSet":
+    def load(cls, directory: str | Path) -> StageSet:
         """Read a directory ``save`` wrote; ValueError naming what is missing or inconsistent."""
         where = Path(directory)
         try:

@@ -13,9 +13,10 @@ measurement itself: the model only fills the gaps.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import astuple, dataclass, fields
 from types import ModuleType
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 

@@ -28,8 +28,8 @@ they are (0, 1, 1, 0). Energies stay the tasks' own.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -252,7 +252,7 @@ SublayerCost = Callable[[int, str, float, float], "tuple[float, float]"]
 
 def width_graph(layer_names: Sequence[str], out_bytes: Sequence[int], partition: np.ndarray,
                 reuse: np.ndarray, stage_units: Sequence[str], cost: SublayerCost,
-                exit_cost: Callable[[int, str, float], "tuple[float, float]"] | None = None) -> TaskGraph:
+                exit_cost: Callable[[int, str, float], tuple[float, float]] | None = None) -> TaskGraph:
     """The paper's stages: ``partition`` P (stages × layers, columns sum to 1) gives each stage's
     share of every layer's channels, ``reuse`` I (stages × layers, 0/1) whether stage k's features
     of layer j feed layer j+1 of the later stages; stage i runs on ``stage_units[i]``.

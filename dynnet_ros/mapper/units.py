@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 import re
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import numpy as np
 import onnx

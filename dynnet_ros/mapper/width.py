@@ -25,8 +25,8 @@ each exit's argmax matches the full model's over the calibration frames.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx

@@ -11,8 +11,9 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import rclpy
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, ParameterType, SetParametersResult
@@ -232,7 +233,7 @@ def serve(name: str, build: Callable[[Executor], Callable[[], list[Node]]], args
                     while not stop.requested:  # the future wakes it at once; the poll is a fallback
                         try:
                             executor.spin_until_future_complete(stop.future, timeout_sec=STOP_POLL_S)
-                        except Exception as exc:  # noqa: BLE001 — handed to the host, which reports it
+                        except Exception as exc:  # handed to the host, which reports it
                             if on_callback_error is None:
                                 raise
                             on_callback_error(exc)

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any
 
 import onnx
 from onnx import TensorProto, helper

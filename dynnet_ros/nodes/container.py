@@ -32,11 +32,12 @@ import time
 import traceback
 import weakref
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import import_module
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import yaml
 from diagnostic_msgs.msg import DiagnosticArray
@@ -223,7 +224,7 @@ class ContainerNode(Node):
             parameters = [Parameter.from_parameter_msg(p) for p in request.parameters]
             try:
                 component = self.host.load(factory, request.plugin_name, args, parameters)
-            except Exception as exc:  # noqa: BLE001 — any constructor failure is the caller's answer
+            except Exception as exc:  # any constructor failure is the caller's answer
                 raise ComponentError(f"Component constructor threw an exception: {exc}") from exc
         except ComponentError as exc:
             self.get_logger().error(str(exc) if "plugin name" not in str(exc) else

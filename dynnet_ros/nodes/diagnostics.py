@@ -6,7 +6,8 @@ numbers so the demo table, the budget manager and the tests read one format.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rclpy.node import Node
@@ -63,7 +64,7 @@ def publish(node: Node, publisher: Publisher, statuses: list[DiagnosticStatus]) 
     """
     try:
         publisher.publish(make_array(node.get_clock().now().to_msg(), statuses))
-    except Exception:  # noqa: BLE001 — which exception a shut-down context raises depends on the rclpy call
+    except Exception:  # which exception a shut-down context raises depends on the rclpy call
         if node.context.ok():
             raise
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 import os
 import sys
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import psutil

@@ -30,6 +30,6 @@ class FrameReporter:
         record = FrameOutcome(self._node.get_fully_qualified_name(), self.topic, stamp_ns, outcome)
         try:
             self._pub.publish(String(data=record.to_json()))
-        except Exception:  # noqa: BLE001 — the context is shut down while the node exits
+        except Exception:  # the context is shut down while the node exits
             if self._node.context.ok():
                 raise

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import threading
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from dynnet_ros.mapper.build import build_stages
 from dynnet_ros.mapper.choices import Pick, cache_file, load_choices, pick_within
@@ -43,7 +44,7 @@ class MappedSettings:
     deadline_ms: float      # 0: the mapping file's (off when it has none); > 0: anytime mode
 
     @classmethod
-    def from_params(cls, params: dict[str, Any]) -> "MappedSettings":
+    def from_params(cls, params: dict[str, Any]) -> MappedSettings:
         return cls(str(params["mapping"]), float(params["exit_threshold"]), float(params["deadline_ms"]))
 
 
@@ -81,7 +82,7 @@ class AutoPick:
     pick: Pick | None = None
     error: str | None = None
 
-    def same_choice(self, other: "AutoPick | None") -> bool:
+    def same_choice(self, other: AutoPick | None) -> bool:
         """Whether ``other`` runs the same candidate (so no stages need building)."""
         return (other is not None and self.pick is not None and other.pick is not None
                 and self.pick.candidate.key() == other.pick.candidate.key())

@@ -21,14 +21,16 @@ processed is one of the buffers charged (docs/budget.md, "node memory").
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 import traceback
 import weakref
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray
@@ -536,10 +538,8 @@ class ModelNode(Node, ABC):
             # and retry the exact share next frame.
             closest = self.engine.min_budget_mb() + 0.01
             if self._engine_budget_mb is None or closest < self._engine_budget_mb:
-                try:
+                with contextlib.suppress(ValueError):
                     self._apply_budget(self.engine, closest)
-                except ValueError:
-                    pass
             state = (letterbox.src_w, letterbox.src_h, node_mb)
             if state == refused and state not in self._frame_warned:  # not just a stale minimum
                 self._frame_warned.add(state)
@@ -775,7 +775,7 @@ class ModelNode(Node, ABC):
             self._update_frame_memory(message_bytes, letterbox)  # takes the budget lock: not under the engine's
             with self._engine_lock:
                 self.infer(frame, rgb, self.core)
-        except Exception as exc:  # bad message or inference failure: ERROR diagnostic, keep serving
+        except Exception as exc:  # noqa: BLE001 - bad message or inference failure: ERROR diagnostic, keep serving
             if not self.context.ok():  # shutting down: publishers are gone, nothing to report
                 self._stop.set()
                 return
@@ -924,7 +924,7 @@ class ModelNode(Node, ABC):
         status = diag.node_status(self, f"{self.task} model", level, message, values)
         try:
             self.diag_pub.publish(diag.make_array(self.get_clock().now().to_msg(), [status]))
-        except Exception:  # noqa: BLE001 — context already shut down during exit
+        except Exception:  # context already shut down during exit
             if self.context.ok() and not self._stop.is_set():
                 raise
 

@@ -85,7 +85,7 @@ class SensorSim(Node):
         steady_timer(self, 1.0, self._publish_diagnostics, MutuallyExclusiveCallbackGroup())
 
     def _on_set(self, parameters):
-        updates = {}
+        updates: dict[str, Any] = {}
         for p in parameters:
             value = list(p.value) if p.name == "resolutions" else p.value
             spec = self._specs.get(p.name)
@@ -112,7 +112,7 @@ class SensorSim(Node):
     def _tick(self) -> None:
         try:
             self._publish_frame()
-        except Exception:  # noqa: BLE001 — a tick racing Ctrl-C finds the context gone
+        except Exception:  # a tick racing Ctrl-C finds the context gone
             if self.context.ok():
                 raise
 

@@ -19,8 +19,9 @@ import faulthandler
 import os
 import signal
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from rclpy.task import Future
 
@@ -47,7 +48,7 @@ class StopSignal:
         self._old_wakeup_fd = -1
         self._watcher = threading.Thread(target=self._watch, name="stop-signal", daemon=True)
 
-    def __enter__(self) -> "StopSignal":
+    def __enter__(self) -> StopSignal:
         for sig in SIGNALS:
             self._old_handlers[sig] = signal.signal(sig, self._handle)
         self._old_wakeup_fd = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import ParameterEvent

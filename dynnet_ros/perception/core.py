@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Callable, Generic, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Generic
 
 import numpy as np
 
@@ -94,7 +95,7 @@ class PerceptionCore(Generic[F]):
     def close(self) -> None:
         self.engine.close()
 
-    def __enter__(self) -> "PerceptionCore[F]":
+    def __enter__(self) -> PerceptionCore[F]:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 import os
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import yaml
 

@@ -7,8 +7,8 @@ Resize and OpenCV's INTER_LINEAR that the model publishers' own preprocessing us
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 

@@ -9,8 +9,8 @@ model contradicts is a ValueError then, never a wrong tensor later.
 from __future__ import annotations
 
 import ast
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

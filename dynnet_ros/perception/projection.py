@@ -6,7 +6,7 @@ image the points are projected onto.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -10,8 +10,8 @@ vehicle frame shifted to the LiDAR's mount point.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 

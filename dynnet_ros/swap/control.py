@@ -16,10 +16,11 @@ the policy sees the model through ``BudgetModel`` and the executor it is handed,
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 import numpy as np
 import onnx
@@ -221,10 +222,8 @@ class SwapControl:
         if streamed is not None:
             streamed.measure_ahead(shapes)
         elif weights is not None:
-            try:
+            with contextlib.suppress(ValueError):  # reported by the locked call that follows
                 load_or_measure(weights, self.model.threads, shapes, values=self.control_values)
-            except ValueError:
-                pass  # reported by the locked call that follows
 
     # ------------------------------------------------------------------ policy
     def apply(self, budget_mb: float | None, current: Executor | None, *, in_force_mb: float | None,

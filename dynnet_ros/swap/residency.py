@@ -21,9 +21,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from dynnet_ros.swap.swapin import HostArena, WeightReader
 from dynnet_ros.units import MB

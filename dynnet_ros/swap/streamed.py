@@ -28,6 +28,7 @@ the minimum at that size, ``over_budget`` decides: "raise" refuses the frame (Bu
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -206,10 +207,8 @@ class StreamedExecutor:
         """Fill the on-disk cache for ``shapes`` (a child process measures, seconds) without
         touching this executor's state, so callers run it outside the engine's lock while frames
         go on. A failure is left to the ``calibration`` call that follows, which reports it."""
-        try:
+        with contextlib.suppress(ValueError):
             load_or_measure(self.file, self._threads, shapes, self._store_root, values=self.control_values)
-        except ValueError:
-            pass
 
     def calibrate(self, shapes: Shapes) -> None:
         """Judge budgets at ``shapes`` from now on; the window follows the footprint there."""

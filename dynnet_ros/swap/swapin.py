@@ -9,12 +9,13 @@ written back, and the pages return to the OS immediately.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
 import threading
+from collections.abc import Callable
 from enum import Enum
-from typing import Callable
 
 import numpy as np
 
@@ -132,10 +133,8 @@ class HostArena:
     def close(self) -> None:
         self.array = None
         self._view.release()
-        try:
+        with contextlib.suppress(BufferError):  # an onnxruntime value still views the arena; the GC unmaps it later
             self._map.close()
-        except BufferError:  # an onnxruntime value still views the arena; the GC unmaps it later
-            pass
 
 
 class WeightReader:

@@ -131,7 +131,7 @@ class WeightFile:
         """The weightless graph (initializers reference weights.bin)."""
         try:
             model = onnx.load(str(self.graph_path), load_external_data=False)
-        except Exception as exc:  # noqa: BLE001 - a damaged protobuf
+        except Exception as exc:  # a damaged protobuf
             raise StoreError(self.directory, f"graph.onnx unreadable: {exc}") from exc
         # onnxruntime checks that external data exists even for initializers it is handed by
         # reference (and then never reads them): resolve "weights.bin" against this directory

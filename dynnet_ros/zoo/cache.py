@@ -12,9 +12,9 @@ import hashlib
 import logging
 import os
 import tempfile
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
 
 import onnx
 

@@ -7,8 +7,9 @@ numpy Generator), so building a model twice gives byte-identical files.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -164,7 +165,7 @@ class GraphBuilder:
         return self.gemm(flat, cin, classes, std=0.05)
 
     # ------------------------------------------------------------------ sub-graphs / model
-    def subgraph(self, name: str) -> "GraphBuilder":
+    def subgraph(self, name: str) -> GraphBuilder:
         """A builder for an If branch: own node list, same names/weights/RNG (outer-scope refs)."""
         return GraphBuilder(name, 0, _shared=self._s)
 

@@ -6,8 +6,9 @@ what it must provide and nothing is discovered at run time.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 

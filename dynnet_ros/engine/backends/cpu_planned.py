@@ -10,7 +10,8 @@ import logging
 import math
 import subprocess
 import sys
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import onnx
@@ -193,7 +194,7 @@ def lean_verdict(path: str, threads: int | None, baseline: OrtExecutor, feeds: M
             ratio = min(ratio, time_ratio(lean, baseline, feeds))
             if ratio <= limit:
                 break
-    except Exception as exc:  # onnxruntime's own error types: the feeds, not the options, failed
+    except Exception as exc:  # noqa: BLE001 - onnxruntime's own types: the feeds, not the options, failed
         log.info("lean session not timed (%s)", exc)
         return {"lean": True, "lean_ratio": None}
     finally:

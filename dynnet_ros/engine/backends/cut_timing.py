@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 

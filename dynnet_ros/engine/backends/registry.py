@@ -1,7 +1,7 @@
 """Backend names -> executor factories, with availability checks."""
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import onnx
 

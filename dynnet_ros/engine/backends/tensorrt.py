@@ -32,7 +32,9 @@ import contextlib
 import functools
 import logging
 import math
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 import onnx
@@ -66,12 +68,14 @@ def process_logger(trt):
     return logger
 
 
-def _output_allocator(trt, cuda):
+def _output_allocator(trt: ModuleType, cuda: ModuleType) -> Any:
     """An IOutputAllocator that grows one device buffer per output and records its shape."""
 
-    class OutputAllocator(trt.IOutputAllocator):
+    base: Any = trt.IOutputAllocator  # a module passed in: a value, not a type mypy can name
+
+    class OutputAllocator(base):
         def __init__(self) -> None:
-            trt.IOutputAllocator.__init__(self)
+            base.__init__(self)
             self.buffers: dict = {}
             self.sizes: dict[str, int] = {}
             self.shapes: dict[str, tuple[int, ...]] = {}
@@ -279,6 +283,8 @@ class TensorRTExecutor:
     def _activate(self):
         """Make the device's primary context current on this thread (runs and background builds
         happen on different threads)."""
+        if self._ctx is None:
+            raise RuntimeError("the TensorRT executor is closed")
         self._ctx.push()
         try:
             yield

@@ -22,9 +22,9 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
 
 import onnx
 
@@ -66,7 +66,7 @@ class EngineKey:
         return f"{self.model_sha256[:16]}-{self.digest()[:24]}.engine"
 
     @classmethod
-    def from_json(cls, text: str) -> "EngineKey":
+    def from_json(cls, text: str) -> EngineKey:
         """The key a sidecar holds (ValueError/TypeError/KeyError when it is not one)."""
         data = json.loads(text)
         data["flags"] = tuple(data["flags"])
@@ -80,7 +80,7 @@ class EngineKey:
                                 .encode()).hexdigest()[:16]
         return f"timing-{re.sub(r'[^0-9A-Za-z.]', '_', self.tensorrt_version)}-{device}.cache"
 
-    def differences(self, other: "EngineKey") -> list[str]:
+    def differences(self, other: EngineKey) -> list[str]:
         """Field names that differ: the reason a cached engine is stale."""
         mine, theirs = json.loads(self.to_json()), json.loads(other.to_json())
         return sorted(k for k in mine if mine[k] != theirs.get(k))

@@ -5,10 +5,11 @@ machine without a GPU; ``tensorrt.py`` only turns the decisions into builder cal
 """
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 import onnx
@@ -17,6 +18,8 @@ from onnx import helper, shape_inference
 from dynnet_ros.engine.plan.memory_plan import lower_bound
 from dynnet_ros.settings import load_settings, settings
 from dynnet_ros.units import MB
+
+log = logging.getLogger(__name__)
 
 PRECISIONS = ("fp32", "tf32", "fp16", "int8", "auto")
 #: resident weight bytes per float32 weight byte, by precision. TensorRT keeps some weights
@@ -63,7 +66,7 @@ class TrtOptions:
                 raise ValueError(f"TensorRT {label} must be a positive number of MB, got {value!r}")
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "TrtOptions":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> TrtOptions:
         """Options from ``DYNNET_TRT_*`` variables (the Engine/node API passes only a backend
         name, so deployment settings travel in the environment, e.g. from a launch file).
         ``env``: a mapping to parse instead of this process's settings."""
@@ -146,7 +149,8 @@ def activation_bytes(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...
                 dim.dim_value = int(size)
     try:
         inferred = shape_inference.infer_shapes(work, data_prop=True)
-    except Exception:  # inference failures only make the estimate coarser
+    except Exception as exc:  # noqa: BLE001 - onnx's C++ inference raises several unrelated types
+        log.info("onnx shape inference failed (%s); the workspace estimate is coarser", exc)
         inferred = work
     sizes: dict[str, int | None] = {}
     for value in list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input):

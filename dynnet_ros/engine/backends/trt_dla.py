@@ -12,15 +12,18 @@ unsupported. Every decision carries a reason string.
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
 from onnx import numpy_helper, shape_inference
 
 from dynnet_ros.engine.backends.trt_profiles import ProfileSet
+
+log = logging.getLogger(__name__)
 
 MAX_LOADABLES_PER_CORE = 16
 MAX_DIM = 8192          # largest non-batch dimension on DLA
@@ -74,8 +77,8 @@ class _Graph:
                     dim.dim_value = int(size)
         try:
             fixed = shape_inference.infer_shapes(fixed, data_prop=True)
-        except Exception:
-            pass
+        except Exception as exc:  # noqa: BLE001 - onnx's C++ inference raises several unrelated types
+            log.info("onnx shape inference failed (%s); DLA checks see the declared shapes only", exc)
         self.dims: dict[str, list[int | None]] = {}
         self.types: dict[str, int] = {}
         for value in list(fixed.graph.input) + list(fixed.graph.value_info) + list(fixed.graph.output):

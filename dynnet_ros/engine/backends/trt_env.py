@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
-from typing import Callable
+from collections.abc import Callable
 
 
 def probe(find_spec: Callable = importlib.util.find_spec,
@@ -20,7 +20,7 @@ def probe(find_spec: Callable = importlib.util.find_spec,
     try:
         trt = import_module("tensorrt")
         cuda = import_module("pycuda.driver")
-    except Exception as exc:  # a broken install: wrong CUDA libs, ABI mismatch, ...
+    except Exception as exc:  # noqa: BLE001 - a broken install raises anything: wrong CUDA libs, ABI mismatch
         return f"tensorrt/pycuda are installed but fail to import: {type(exc).__name__}: {exc}"
     major = str(getattr(trt, "__version__", "0")).split(".")[0]
     if not major.isdigit() or int(major) < 10:
@@ -28,7 +28,7 @@ def probe(find_spec: Callable = importlib.util.find_spec,
     try:
         cuda.init()
         count = cuda.Device.count()
-    except Exception as exc:  # no driver / no device nodes in a container
+    except Exception as exc:  # noqa: BLE001 - pycuda's own types: no driver, no device nodes in a container
         return f"the CUDA driver is not usable: {type(exc).__name__}: {exc}"
     if count < 1:
         return "no CUDA device is present"

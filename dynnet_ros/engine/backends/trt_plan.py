@@ -11,8 +11,8 @@ DLA engine.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import onnx
 

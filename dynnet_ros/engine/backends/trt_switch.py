@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Mapping, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -114,7 +115,7 @@ class EngineSwitch:
                 return
         try:
             runner = self._build(self._plan(samples))
-        except Exception as exc:  # keep serving on the old engine / fallback
+        except Exception as exc:  # noqa: BLE001 - the build thread reports any failure; the old engine keeps serving
             LOG.error("TensorRT rebuild failed (shapes %s stay on the CPU fallback): %s", sorted(wanted), exc)
             with self._lock:
                 self.last_error = f"{type(exc).__name__}: {exc}"

@@ -16,8 +16,8 @@ into and out of bands reshape to (N, C/b, H, W*b) — b = 1 is plain NCHW.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
 
 import numpy as np
 import onnx

@@ -10,7 +10,8 @@ the parent's arena slots for the ``If`` outputs.
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping, Protocol, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import onnx

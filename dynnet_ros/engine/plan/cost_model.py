@@ -15,8 +15,8 @@ activations, one plain session is cheaper on both counts and the planner says so
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
 
 #: Ops whose kernel time grows with multiply-accumulates (the rest: with bytes moved).
 MAC_OPS = {"Conv", "FusedConv", "ConvTranspose", "Gemm", "FusedGemm", "MatMul", "FusedMatMul", "Attention"}

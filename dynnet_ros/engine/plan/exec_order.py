@@ -21,8 +21,8 @@ The input order is always a candidate, so the result is never worse than it.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence, Union
 
 __all__ = [
     "OpNode",
@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 SizeOf = Callable[[str], int]
-Sizes = Union[SizeOf, Sequence[SizeOf], Mapping[str, int]]
+Sizes = SizeOf | Sequence[SizeOf] | Mapping[str, int]
 
 
 @dataclass(frozen=True)
@@ -218,10 +218,7 @@ def _lifetimes_idx(g: _Graph, pos: Sequence[int], steps: int) -> list[tuple[int,
     out = []
     for t in range(len(g.names)):
         s = pos[g.producer[t]]
-        if g.is_output[t]:
-            e = steps
-        else:
-            e = max((pos[c] for c in g.consumers[t]), default=s) + 1
+        e = steps if g.is_output[t] else max((pos[c] for c in g.consumers[t]), default=s) + 1
         out.append((s, e))
     return out
 

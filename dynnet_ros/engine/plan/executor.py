@@ -14,8 +14,8 @@ import logging
 import threading
 import time
 import weakref
+from collections.abc import Hashable, Mapping
 from dataclasses import replace
-from typing import Hashable, Mapping
 
 import numpy as np
 import onnx

@@ -6,6 +6,7 @@ body reads from the enclosing scope — and answering them once keeps each pass 
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -13,6 +14,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from dynnet_ros.engine.plan.ort_types import ort_element_types
+
+log = logging.getLogger(__name__)
 
 # Ops whose body graphs read outer-scope tensors and whose work depends on runtime values.
 CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
@@ -79,7 +82,7 @@ class GraphIndex:
 
     @classmethod
     def build(cls, model: onnx.ModelProto, type_hints: dict[str, int] | None = None,
-              weights: dict[str, np.ndarray] | None = None, infer: bool = True) -> "GraphIndex":
+              weights: dict[str, np.ndarray] | None = None, infer: bool = True) -> GraphIndex:
         """``type_hints``: element types known from elsewhere (RDP, or the model before
         simplification, for tensors whose producer became a contrib op onnx cannot infer).
         ``weights``: values of the placeholder initializers of a skeleton model (see
@@ -105,8 +108,10 @@ class GraphIndex:
         if infer:
             try:
                 inferred = onnx.shape_inference.infer_shapes(self.model, strict_mode=False)
-            except Exception:  # a model onnx cannot infer still runs; unknown types are simply skipped
-                pass
+            except Exception as exc:  # noqa: BLE001 - onnx's C++ inference raises several unrelated types
+                # a model onnx cannot infer still runs, typed by the hints and onnxruntime below
+                log.info("onnx shape inference failed on %s (%s); typing from hints and onnxruntime",
+                         self.model.graph.name or "the model", exc)
         values = list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)
         for value in values:
             if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:
@@ -121,11 +126,14 @@ class GraphIndex:
                    if name and name not in self.elem_types]
         if untyped:
             self.elem_types.update(ort_element_types(self.model, untyped))
+        no_dtype = []
         for name, elem in self.elem_types.items():
             try:
                 self.dtypes[name] = np.dtype(helper.tensor_dtype_to_np_dtype(elem))
-            except Exception:
-                pass
+            except KeyError:  # UNDEFINED or a type onnx maps to no numpy dtype
+                no_dtype.append(name)
+        if no_dtype:
+            log.debug("no numpy dtype for %d tensor(s), e.g. %s", len(no_dtype), no_dtype[:5])
 
     @property
     def nodes(self):
@@ -223,7 +231,7 @@ def _tensor_nbytes(tensor: onnx.TensorProto) -> int:
     count = int(np.prod(tensor.dims)) if tensor.dims else 1
     try:
         return count * np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
-    except Exception:
+    except KeyError:  # UNDEFINED or a type onnx maps to no numpy dtype: no size to count
         return 0
 
 

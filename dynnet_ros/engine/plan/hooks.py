@@ -6,7 +6,8 @@ above it; these protocols are the whole contract those objects meet.
 """
 from __future__ import annotations
 
-from typing import Mapping, Protocol
+from collections.abc import Mapping
+from typing import Protocol
 
 import numpy as np
 

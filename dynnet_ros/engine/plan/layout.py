@@ -87,7 +87,7 @@ def nchwc_layout(source: str | os.PathLike, *, timeout_s: float = 600) -> LaidOu
         if source.stat().st_size <= IN_PROCESS_BYTES:
             try:
                 _rewrite(str(source), str(target))
-            except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
+            except Exception as exc:  # onnxruntime raises its own exception types
                 raise ValueError(f"onnxruntime could not lay out {source} for NCHWc: {exc}") from exc
         else:
             proc = subprocess.run([sys.executable, "-m", "dynnet_ros.engine.plan.layout", str(source), str(target)],

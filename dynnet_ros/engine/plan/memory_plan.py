@@ -34,8 +34,8 @@ import heapq
 import random
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
 
 import numpy as np
 

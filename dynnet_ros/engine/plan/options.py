@@ -6,8 +6,9 @@ executor to know what the knobs are.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import onnxruntime as ort
 

@@ -30,7 +30,8 @@ def use_global_pool(threads: int) -> bool:
         try:
             _pybind_state.set_global_thread_pool_sizes(int(threads), 1)
             _global_pool = int(threads)
-        except Exception as exc:  # environment already created (a session exists): keep per-session pools
+        except Exception as exc:  # noqa: BLE001 - onnxruntime's own types: the environment exists already
+            # (a session was made first): segments keep per-session pools
             log.info("global onnxruntime thread pool unavailable: %s", exc)
             _global_pool = 0
     return _global_pool == int(threads)

@@ -9,7 +9,7 @@ optimisations off: no weight is read, nothing is rewritten.
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import onnx
 import onnxruntime as ort

@@ -10,8 +10,8 @@ segment when they are small (shape arithmetic) or when onnxruntime fuses them aw
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 

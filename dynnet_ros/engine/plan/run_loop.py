@@ -6,7 +6,8 @@ tensors whose shape only execution reveals (nac), handed on as ``OrtValue``s.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -35,7 +36,7 @@ def run_segment(runner: Any, io: ort.IOBinding, plan: Plan) -> None:
     """Run one bound segment; onnxruntime's error becomes a ValueError naming the segment and shapes."""
     try:
         runner.session.run_with_iobinding(io)
-    except Exception as exc:
+    except Exception as exc:  # onnxruntime raises its own types: one ValueError naming the segment
         raise ValueError(f"segment {runner.segment.index} failed at input shapes "
                          f"{dict(plan.signature)}: {str(exc).strip().splitlines()[0]}") from exc
 

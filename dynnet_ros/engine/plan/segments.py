@@ -6,7 +6,7 @@ from the planner's knobs and the segment's contents.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import onnx
 import onnxruntime as ort
@@ -51,7 +51,7 @@ class SegmentRunner:
         try:
             self.session = ort.InferenceSession(model.SerializeToString(), sess_options=options,
                                                 providers=["CPUExecutionProvider"])
-        except Exception as exc:
+        except Exception as exc:  # onnxruntime raises its own types: one ValueError naming the segment
             raise ValueError(f"onnxruntime cannot load segment {segment.index} "
                              f"({[graph.nodes[n].op_type for n in segment.nodes]}): "
                              f"{str(exc).strip().splitlines()[0]}") from exc

@@ -9,7 +9,8 @@ shapes are allowed: the executor lets onnxruntime allocate those tensors.
 from __future__ import annotations
 
 import logging
-from typing import Iterable, Mapping, Protocol
+from collections.abc import Iterable, Mapping
+from typing import Protocol
 
 import onnx
 
@@ -85,8 +86,8 @@ class InferredShapes:
     def _infer(model: onnx.ModelProto) -> dict[str, list | None]:
         try:
             inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
-        except Exception as exc:
-            log.debug("onnx shape inference failed: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - onnx's C++ inference raises several unrelated types
+            log.info("onnx shape inference failed (%s); those shapes stay unknown", exc)
             return {}
         out: dict[str, list | None] = {}
         for value in list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input):
@@ -177,6 +178,6 @@ def make_shape_source(model: onnx.ModelProto, use_rdp: bool = True) -> ShapeSour
     if use_rdp:
         try:
             return CombinedShapes(RdpShapes(analyze(model)), InferredShapes(model))
-        except Exception as exc:  # an analysis failure must not stop the model from running
+        except Exception as exc:  # noqa: BLE001 - an analysis failure must not stop the model from running
             log.warning("RDP analysis failed (%s); planning from onnx shape inference", exc)
     return InferredShapes(model)

@@ -381,7 +381,7 @@ def simplify(model: onnx.ModelProto, *, use_rdp: bool = True, rdp=None,
     if rdp is None and use_rdp:
         try:
             rdp = analyze(model)
-        except Exception as exc:  # simplification without RDP still folds BN and Identity
+        except Exception as exc:  # noqa: BLE001 - simplification without RDP still folds BN and Identity
             log.warning("RDP analysis failed (%s); simplifying without it", exc)
             rdp = None
     r = _Rewriter(model, rdp, weights)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Hashable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Callable, Hashable
 
 from dynnet_ros.engine.plan.cache import LruCache
 from dynnet_ros.units import MB
@@ -81,7 +81,7 @@ class VersionManager:
     def _install(self, signature: Hashable, future: Future) -> None:
         try:
             version = future.result()
-        except Exception as exc:  # a version that fails to build just stays generic
+        except Exception as exc:  # noqa: BLE001 - any build failure (onnxruntime's own types included) keeps the generic plan
             log.warning("specialised version for %s failed: %s", signature, exc)
             self.failed += 1
             self.uses[signature] = -10**9  # do not retry this signature
@@ -97,10 +97,7 @@ class VersionManager:
         with self._lock:
             pending = list(self._pending.items())
         for signature, future in pending:
-            try:
-                future.result(timeout=timeout)
-            except Exception:
-                pass
+            wait([future], timeout=timeout)  # a failed build is logged and counted by _install
             with self._lock:
                 if self._pending.get(signature) is future:
                     self._pending.pop(signature)

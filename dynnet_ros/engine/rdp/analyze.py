@@ -7,7 +7,7 @@ import os
 import re
 import time
 import warnings
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import onnx.inliner
 from onnx import ModelProto

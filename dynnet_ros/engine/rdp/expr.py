@@ -21,10 +21,11 @@ from __future__ import annotations
 import ast
 import contextlib
 import math
+from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from fractions import Fraction
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping, Union, overload
+from typing import Any, Union, overload
 
 INF = math.inf
 
@@ -58,7 +59,7 @@ class Atom:
     def __hash__(self) -> int:
         return self._hash
 
-    def __lt__(self, other: "Atom") -> bool:
+    def __lt__(self, other: Atom) -> bool:
         return self.key < other.key
 
 
@@ -74,7 +75,7 @@ class Sym(Atom):
 class FDiv(Atom):
     __slots__ = ("num", "den")
 
-    def __init__(self, num: "Expr", den: int):
+    def __init__(self, num: Expr, den: int):
         self.num, self.den = num, den
         self.key = (1, num.key, den)
         self._hash = hash(self.key)
@@ -83,13 +84,13 @@ class FDiv(Atom):
 class MinMax(Atom):
     __slots__ = ("is_max", "args")
 
-    def __init__(self, is_max: bool, args: tuple["Expr", ...]):
+    def __init__(self, is_max: bool, args: tuple[Expr, ...]):
         self.is_max, self.args = is_max, args
         self.key = (3 if is_max else 2, tuple(a.key for a in args))
         self._hash = hash(self.key)
 
 
-AnyAtom = Union[Sym, FDiv, MinMax]  # the closed set of atom kinds
+AnyAtom = Sym | FDiv | MinMax  # the closed set of atom kinds
 Mono = tuple  # sorted tuple of atoms (repetition = power); () is the constant monomial
 
 
@@ -177,7 +178,7 @@ class Expr:
         return 0
 
 
-def _collect_syms(e: "Expr", out: set) -> None:
+def _collect_syms(e: Expr, out: set) -> None:
     for m, _ in e.terms:
         for a in m:
             if isinstance(a, Sym):
@@ -317,7 +318,7 @@ def floordiv(a, k) -> Dim:
     return _memo_put(key, _floordiv(a, k))
 
 
-def _floordiv(a: "Expr", k: int) -> Dim:
+def _floordiv(a: Expr, k: int) -> Dim:
     q: dict = {}
     r: dict = {}
     for m, c in a.terms:
@@ -467,7 +468,7 @@ def _minmax(is_max: bool, args: Iterable) -> Dim:
     if len(keep) == 1:
         return keep[0]
     keep.sort(key=lambda v: (1, v) if isinstance(v, int) else (0, v.key))
-    args_e = tuple(v if isinstance(v, Expr) else Expr(((((), v),))) for v in keep)
+    args_e = tuple(v if isinstance(v, Expr) else Expr((((), v),)) for v in keep)
     return _atom_expr(MinMax(is_max, args_e))
 
 

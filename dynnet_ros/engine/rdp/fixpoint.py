@@ -13,8 +13,8 @@ import heapq
 import logging
 import warnings
 from collections import ChainMap
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
-from typing import Mapping, MutableMapping
 
 import numpy as np
 from onnx import GraphProto, NodeProto, TensorProto, numpy_helper
@@ -183,10 +183,7 @@ class GraphAnalyzer:
     def eval_node(self, node: NodeProto, name: str, state, constraints: list) -> tuple[list, str]:
         op = node.op_type
         domain = node.domain
-        if domain in ("", "ai.onnx"):
-            opdef = REGISTRY.get(op)
-        else:
-            opdef = custom_op(domain, op)
+        opdef = REGISTRY.get(op) if domain in ("", "ai.onnx") else custom_op(domain, op)
         ins: list = []
         for x in node.input:
             if not x:
@@ -209,7 +206,7 @@ class GraphAnalyzer:
             outs = list(opdef.fn(ctx))
         except ShapeError as exc:
             outs = [nac(f"{op} is invalid for the inferred shapes: {exc}") for _ in range(n_out)]
-        except Exception as exc:  # noqa: BLE001 - soundness: an internal failure is nac, never a crash
+        except Exception as exc:  # soundness: an internal failure is nac, never a crash
             log.debug("RDP transfer of %s failed", name, exc_info=True)
             outs = [nac(f"{op} transfer failed: {type(exc).__name__}: {exc}") for _ in range(n_out)]
         outs = [self._sanitize(o, op) for o in outs[:n_out]]

@@ -8,8 +8,9 @@ only move down and the fixpoint terminates.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from .expr import Dim, Expr, mul, to_json_dim
 
@@ -32,7 +33,7 @@ class TensorInfo:
     value: tuple | None = None
     reason: str | None = None
     is_seq: bool = False
-    elem: "TensorInfo | None" = None
+    elem: TensorInfo | None = None
     seq_items: tuple | None = None  # per-position infos when the sequence length is known
 
     @property
@@ -61,7 +62,7 @@ class TensorInfo:
             return None
         return tuple(self.dims)
 
-    def with_reason(self, reason: str) -> "TensorInfo":
+    def with_reason(self, reason: str) -> TensorInfo:
         return TensorInfo(self.dims, self.dtype, self.value, reason, self.is_seq, self.elem, self.seq_items)
 
 

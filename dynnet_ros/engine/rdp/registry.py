@@ -7,8 +7,9 @@ returns the output :class:`TensorInfo` list (missing trailing entries become nac
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from onnx import NodeProto, helper, numpy_helper
@@ -24,7 +25,7 @@ class OpDef:
     op_type: str
     category: str
     family: str
-    fn: Callable[["Ctx"], list]
+    fn: Callable[[Ctx], list]
     note: str = ""
     values_since: int = 0  # opset from which a shape-defining attribute became an input (ISVDOS)
 

@@ -1,8 +1,8 @@
 """The analysis result: the JSON of docs/rdp.md and run-time binding."""
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 from onnx import TensorProto
 

@@ -10,7 +10,7 @@ requirement it appears in; multiples of the strides those requirements divide by
 """
 from __future__ import annotations
 
-from typing import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from .expr import Expr, FDiv, MinMax, evaluate
 from .result import AnalysisResult

@@ -10,7 +10,7 @@ below of ops whose outputs are the first input's type.
 """
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import onnx
 from onnx import NodeProto, TensorProto
@@ -75,7 +75,7 @@ def _body_types(node: NodeProto) -> list[int] | None:
     return None
 
 
-@lru_cache(maxsize=None)
+@cache
 def _schema_rules(domain: str, op_type: str, opset: int) -> tuple[tuple[str, int | None, int | None], ...] | None:
     """Per formal output: (type variable, first input index bound to it or None, the single type
     it allows or None); None when onnx has no schema for the op."""

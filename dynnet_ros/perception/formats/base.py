@@ -7,8 +7,9 @@ names one — a wrong guess would decode garbage silently.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Protocol, Sequence, TypeVar
+from typing import Protocol, TypeVar
 
 from dynnet_ros.perception.model_info import Dim, ModelInfo, TensorInfo, static
 from dynnet_ros.perception.preprocess import PreprocessDefaults

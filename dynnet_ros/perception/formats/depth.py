@@ -5,7 +5,7 @@ Metric and relative models have the same signature (an image in, one dense map o
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from dynnet_ros.perception.formats.base import (
     BY_NAME,

@@ -7,8 +7,8 @@ id per box, and says whether NMS is still to be done (raw heads) or was done in 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import numpy as np
 

@@ -2,7 +2,7 @@
 is known, else one merged element info."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from onnx import TensorProto
 

@@ -170,10 +170,7 @@ def range_op(ctx: Ctx) -> list:
 def reshape(ctx: Ctx) -> list:
     t = ctx.inp(0)
     target: list[Dim] | None
-    if ctx.opset < 5:
-        target = [int(x) for x in ctx.attr("shape", [])]
-    else:
-        target = ctx.dim_values(1)
+    target = [int(x) for x in ctx.attr("shape", [])] if ctx.opset < 5 else ctx.dim_values(1)
     dtype = t.dtype if t else 0
     if target is None:
         s = ctx.inp(1)
