@@ -3,7 +3,7 @@
 Why: on a model whose run takes tens of microseconds (a voice-activity detector) the Python
 around the run decides the latency ratio. This prints, in one process and alternating so load
 hits every line alike, the best per-call time of: onnxruntime's defaults, a lean session
-(backends/cpu.py), ``Engine.run``, the engine's executor alone, and the engine's per-call steps
+(runtime/ort_executor.py), ``Engine.run``, the engine's executor alone, and the engine's per-call steps
 (feed check, shape signature, control values) on their own.
 
 Usage: .venv/bin/python bench/call_overhead.py MODEL [--threads N] [--calls N] [--repeats N]
@@ -22,9 +22,9 @@ import onnxruntime as ort
 
 from dynnet_ros.commands.bench import make_feeds
 from dynnet_ros.engine import Engine
-from dynnet_ros.engine.backends.cpu import session_options
-from dynnet_ros.engine.feeds import shape_signature
-from dynnet_ros.engine.model_io import input_specs, load_model
+from dynnet_ros.engine.modelio.feeds import shape_signature
+from dynnet_ros.engine.modelio.models import input_specs, load_model
+from dynnet_ros.engine.runtime.ort_executor import session_options
 from dynnet_ros.zoo import resolve_model_spec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "test"))

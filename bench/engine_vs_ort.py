@@ -60,7 +60,7 @@ def feed_sequence(name: str, samples: int, seed: int) -> list[dict[str, np.ndarr
     rng = np.random.default_rng(seed)
     if name.startswith("zoo:"):
         from dynnet_ros.commands.bench import ShapeSpec, make_feeds
-        from dynnet_ros.engine.model_io import input_specs, load_model
+        from dynnet_ros.engine.modelio.models import input_specs, load_model
         specs = input_specs(load_model(model_path(name), check=False, external_data=False))
         pairs = ShapeSpec(sides=tuple(range(224, 641, 32))).sequence(samples, seed)
         return [make_feeds(specs, h, w, rng) for h, w in pairs]
@@ -72,7 +72,7 @@ def worker(name: str, side: str, threads: int, samples: int, seed: int) -> dict:
     import onnxruntime as ort  # imported before the baseline in both sides
 
     from dynnet_ros.engine import Engine
-    from dynnet_ros.engine.procmem import reset_peak_rss, status_bytes
+    from dynnet_ros.procmem import reset_peak_rss, status_bytes
     path = model_path(name)
     feeds = feed_sequence(name, samples, seed)
     reset_peak_rss()

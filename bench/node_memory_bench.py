@@ -32,7 +32,7 @@ from pathlib import Path
 
 import yaml
 
-from dynnet_ros.engine.procmem import status_bytes
+from dynnet_ros.procmem import status_bytes
 from dynnet_ros.units import MB
 
 REPO = Path(__file__).resolve().parents[1]

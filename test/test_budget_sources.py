@@ -16,7 +16,7 @@ from dynnet_ros.budget.sources import (
     reading_from_jetson_meminfo,
     reading_from_meminfo,
 )
-from dynnet_ros.engine.procmem import parse_proc_status, process_memory, process_rss, status_bytes
+from dynnet_ros.procmem import parse_proc_status, process_memory, process_rss, status_bytes
 from dynnet_ros.units import MB
 
 MEMINFO = """MemTotal:        8000000 kB

@@ -12,10 +12,10 @@ import pytest
 import rclpy
 from rclpy.context import Context
 
-from dynnet_ros.engine.procmem import process_memory
 from dynnet_ros.nodes.base import close_node
 from dynnet_ros.nodes.lane_node import LaneNode
 from dynnet_ros.nodes.pedestrian_node import PedestrianNode
+from dynnet_ros.procmem import process_memory
 from dynnet_ros.zoo import ensure_model
 
 pytestmark = pytest.mark.graph

@@ -21,10 +21,10 @@ from dynnet_ros.commands import plan as plan_command
 from dynnet_ros.engine import Engine
 from dynnet_ros.engine.backends import cpu_planned, cut_verdict
 from dynnet_ros.engine.backends.cut_timing import candidates, reference_feeds, search, time_ratio
-from dynnet_ros.engine.model_io import InputSpec
+from dynnet_ros.engine.modelio.models import InputSpec
 from dynnet_ros.engine.plan.cost_model import CostTable, CutChoice, CutPoint
-from dynnet_ros.engine.plan.executor import CutsChosen, PlannedExecutor
 from dynnet_ros.engine.plan.options import PROFILES
+from dynnet_ros.engine.runtime.executor import CutsChosen, PlannedExecutor
 
 pytestmark = pytest.mark.graph
 

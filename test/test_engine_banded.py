@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 from dynnet_ros.engine.backends.cpu_planned import create_planned_executor
 from dynnet_ros.engine.backends.registry import load_for_backend
 from dynnet_ros.engine.plan.banded import BandedRunner, RowGeometry, plan_bands
-from dynnet_ros.engine.plan.executor import PlannedExecutor
+from dynnet_ros.engine.runtime.executor import PlannedExecutor
 from dynnet_ros.zoo import ensure_model
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,7 @@ from onnx import TensorProto, helper
 
 from dynnet_ros.engine import Engine
 from dynnet_ros.engine.backends import cpu_planned
-from dynnet_ros.engine.plan.loader import load_skeleton
+from dynnet_ros.engine.modelio.loader import load_skeleton
 
 pytestmark = pytest.mark.graph
 
@@ -101,7 +101,7 @@ _PEAK = textwrap.dedent("""
     import json, sys
     import numpy as np, onnxruntime as ort
     from dynnet_ros.engine import Engine
-    from dynnet_ros.engine.procmem import reset_peak_rss, status_bytes
+    from dynnet_ros.procmem import reset_peak_rss, status_bytes
     path, side, width = sys.argv[1], sys.argv[2], int(sys.argv[3])
     feeds = [{"x": np.ones(r * width, np.float32), "shape": np.array([r, width], np.int64), "flag": np.array(True)}
              for r in (4, 16, 8)]

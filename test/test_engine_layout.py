@@ -12,9 +12,9 @@ from dynnet_ros.engine.backends import cpu_planned
 from dynnet_ros.engine.backends.cpu_planned import create_planned_executor
 from dynnet_ros.engine.backends.registry import load_for_backend
 from dynnet_ros.engine.plan import layout
-from dynnet_ros.engine.plan.executor import PlannedExecutor
 from dynnet_ros.engine.plan.layout import cpu_block_size, laid_out_skeleton, nchwc_layout
 from dynnet_ros.engine.rdp import analyze
+from dynnet_ros.engine.runtime.executor import PlannedExecutor
 from dynnet_ros.zoo import ensure_model
 from dynnet_ros.zoo.samples import example_inputs
 

@@ -1,4 +1,4 @@
-"""Loop bodies planned per iteration shape (engine/plan/loop.py) against onnxruntime's own Loop."""
+"""Loop bodies planned per iteration shape (engine/runtime/loop.py) against onnxruntime's own Loop."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,9 +9,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from dynnet_ros.engine import Engine
 from dynnet_ros.engine.backends import cpu_planned
-from dynnet_ros.engine.plan.executor import PlannedExecutor
-from dynnet_ros.engine.plan.loop import LoopRunner
 from dynnet_ros.engine.plan.options import PlannerOptions
+from dynnet_ros.engine.runtime.executor import PlannedExecutor
+from dynnet_ros.engine.runtime.loop import LoopRunner
 
 RTOL, ATOL = 1e-3, 1e-4
 F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL

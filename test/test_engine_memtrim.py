@@ -6,8 +6,8 @@ import platform
 
 import pytest
 
-from dynnet_ros.engine.memtrim import release_memory
-from dynnet_ros.engine.procmem import status_bytes
+from dynnet_ros.memtrim import release_memory
+from dynnet_ros.procmem import status_bytes
 from dynnet_ros.units import MB
 
 
@@ -31,7 +31,7 @@ def test_release_memory_returns_freed_heap_to_the_os():
 @pytest.mark.skipif(platform.system() != "Linux" or not ctypes.util.find_library("c"),
                     reason="mallopt is glibc-only (Linux)")
 def test_pinned_mmap_threshold_keeps_the_lowest_request():
-    from dynnet_ros.engine import memtrim
+    from dynnet_ros import memtrim
 
     assert memtrim.pin_mmap_threshold(256 * 1024)
     assert memtrim.pin_mmap_threshold(128 * 1024)

@@ -1,12 +1,12 @@
-"""onnx's checker for model files: once per content, in a child process (plan/model_check.py)."""
+"""onnx's checker for model files: once per content, in a child process (modelio/model_check.py)."""
 from __future__ import annotations
 
 import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from dynnet_ros.engine.plan import model_check
-from dynnet_ros.engine.plan.loader import load_skeleton
+from dynnet_ros.engine.modelio import model_check
+from dynnet_ros.engine.modelio.loader import load_skeleton
 
 
 @pytest.fixture(autouse=True)

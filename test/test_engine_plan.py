@@ -14,13 +14,13 @@ from onnx import TensorProto, helper, numpy_helper
 from dynnet_ros.commands.bench import make_feeds
 from dynnet_ros.engine import Engine
 from dynnet_ros.engine.backends.registry import load_for_backend
-from dynnet_ros.engine.model_io import input_specs, load_model
-from dynnet_ros.engine.ort_features import ort_features
-from dynnet_ros.engine.plan.control import IfRunner
-from dynnet_ros.engine.plan.executor import PlannedExecutor, reference_shapes
+from dynnet_ros.engine.modelio.models import input_specs, load_model
+from dynnet_ros.engine.modelio.ort_features import ort_features
 from dynnet_ros.engine.plan.graph import GraphIndex
 from dynnet_ros.engine.plan.options import PlannerOptions
 from dynnet_ros.engine.plan.simplify import simplify
+from dynnet_ros.engine.runtime.control_flow import IfRunner
+from dynnet_ros.engine.runtime.executor import PlannedExecutor, reference_shapes
 from dynnet_ros.zoo import MODEL_NAMES, ensure_model
 
 RTOL, ATOL = 1e-3, 1e-4
@@ -363,8 +363,8 @@ def test_nchwc_kernels_only_for_segments_with_small_tensors():
 def test_planner_chooses_the_cheaper_granularity(engines):
     """"choose" keeps whichever of the auto/fine cuts costs less (arena lower bound at the
     reference shape + per-session overhead), and the fine cut never has a larger lower bound."""
-    from dynnet_ros.engine.plan.executor import _SESSION_BYTES
     from dynnet_ros.engine.plan.partition import partition
+    from dynnet_ros.engine.runtime.executor import _SESSION_BYTES
 
     chosen = {}
     for name in ("multiexit", "lane"):

@@ -1,4 +1,4 @@
-"""The Engine accepts exactly the feeds onnxruntime accepts (engine/feeds.py), runs them with equal
+"""The Engine accepts exactly the feeds onnxruntime accepts (engine/modelio/feeds.py), runs them with equal
 outputs, and refuses the rest with a ValueError that names an input.
 
 One hand-built model per rule of onnxruntime's input check, then a differential fuzzer that
@@ -18,8 +18,8 @@ from onnx import TensorProto as T
 from onnx import helper as h
 
 from dynnet_ros.engine import Engine
-from dynnet_ros.engine.feeds import FeedCheck, plan_breach, validate_feeds
-from dynnet_ros.engine.model_io import default_specs, input_specs
+from dynnet_ros.engine.modelio.feeds import FeedCheck, plan_breach, validate_feeds
+from dynnet_ros.engine.modelio.models import default_specs, input_specs
 
 Dim = int | str | None
 

@@ -24,43 +24,28 @@ pytestmark = pytest.mark.graph
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "dynnet_ros"
 
 #: Module-name prefixes to layers, most specific prefix wins. Lower layers never import higher ones.
+#: A package's layer is its folder's: every module below a prefix shares its layer. The package
+#: root's single-file modules are named one by one (layer 0 utilities beside the layer 8 entry points).
 LAYERS: dict[str, int] = {
     "dynnet_ros.settings": 0,
     "dynnet_ros.units": 0,
     "dynnet_ros.hostcaps": 0,
+    "dynnet_ros.procmem": 0,
+    "dynnet_ros.memtrim": 0,
     "dynnet_ros.geometry": 0,
     "dynnet_ros.layouts": 0,
     "dynnet_ros.compressed": 0,
     "dynnet_ros.frame_reports": 0,
-    "dynnet_ros.memory": 0,
-    "dynnet_ros.engine.procmem": 0,
-    "dynnet_ros.engine.memtrim": 0,
-    "dynnet_ros.engine.model_io": 1,
-    "dynnet_ros.engine.ort_features": 1,
-    "dynnet_ros.engine.feeds": 1,
-    "dynnet_ros.engine.plan.loader": 1,
-    "dynnet_ros.engine.plan.model_check": 1,
+    "dynnet_ros.engine.modelio": 1,
     "dynnet_ros.zoo": 1,
     "dynnet_ros.sim": 1,
     "dynnet_ros.engine.rdp": 2,
     "dynnet_ros.engine.plan": 3,
     "dynnet_ros.engine.runtime": 4,
-    "dynnet_ros.engine.plan.executor": 4,
-    "dynnet_ros.engine.plan.loop": 4,
-    "dynnet_ros.engine.plan.control": 4,
-    "dynnet_ros.engine.plan.segments": 4,
-    "dynnet_ros.engine.plan.run_loop": 4,
-    "dynnet_ros.engine.plan.binding": 4,
-    "dynnet_ros.engine.plan.ort_env": 4,
-    "dynnet_ros.engine.plan.options": 4,
-    "dynnet_ros.engine.plan.hooks": 4,
-    "dynnet_ros.engine.backends.base": 4,
-    "dynnet_ros.engine.backends.cpu": 4,
     "dynnet_ros.engine.backends": 5,
     "dynnet_ros.swap": 5,
     "dynnet_ros.budget": 5,
     "dynnet_ros.mapper": 5,
-    "dynnet_ros.engine.engine": 6,
     "dynnet_ros.engine": 6,
     "dynnet_ros.perception": 7,
     "dynnet_ros.bags": 7,
@@ -70,11 +55,6 @@ LAYERS: dict[str, int] = {
     "dynnet_ros.commands": 8,
     "dynnet_ros.cli": 8,
     "dynnet_ros": 8,
-}
-#: Exact modules whose layer differs from their prefix's.
-EXACT_LAYERS: dict[str, int] = {
-    "dynnet_ros.engine.backends.cpu_planned": 5,
-    "dynnet_ros.engine.plan": 3,  # the package's __init__ re-exports the planner's pure functions
 }
 CORE_LAYER_MAX = 7
 ROS_PACKAGES = ("rclpy", "std_msgs", "sensor_msgs", "diagnostic_msgs", "visualization_msgs",
@@ -163,8 +143,6 @@ def import_sites(modules: dict[str, Path]) -> list[ImportSite]:
 
 
 def layer_of(module: str) -> int:
-    if module in EXACT_LAYERS:
-        return EXACT_LAYERS[module]
     best = max((prefix for prefix in LAYERS if module == prefix or module.startswith(prefix + ".")),
                key=len)
     return LAYERS[best]
@@ -184,6 +162,11 @@ def sites(modules) -> list[ImportSite]:
 
 def _internal(site: ImportSite) -> bool:
     return site.target == "dynnet_ros" or site.target.startswith("dynnet_ros.")
+
+
+def test_every_layer_entry_names_a_module_or_package(modules):
+    ghosts = [prefix for prefix in LAYERS if prefix not in modules]
+    assert ghosts == [], f"the layer table names modules that do not exist: {ghosts}"
 
 
 def test_no_module_imports_from_a_layer_above_its_own(sites):

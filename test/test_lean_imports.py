@@ -119,7 +119,7 @@ def test_the_supervisor_loads_no_engine_mapper_or_other_command():
     modules = _help_modules("up", "--help")
     engine = [m for m in modules if m.startswith(("dynnet_ros.engine.", "dynnet_ros.mapper", "dynnet_ros.swap",
                                                   "dynnet_ros.perception", "dynnet_ros.zoo"))
-              and m not in ("dynnet_ros.engine.procmem",)]
+              and m not in ("dynnet_ros.procmem",)]
     assert engine == [], engine
     commands_loaded = {m for m in modules if m.startswith("dynnet_ros.commands.")}
     assert commands_loaded <= SUPERVISOR_COMMANDS, sorted(commands_loaded - SUPERVISOR_COMMANDS)

@@ -1,4 +1,4 @@
-"""The planned backend's single session runs lean (backends/cpu.py, OrtExecutor): no memory
+"""The planned backend's single session runs lean (runtime/ort_executor.py, OrtExecutor): no memory
 patterns and arena blocks mapped afresh. Same kernels, same outputs; over a sequence of input
 shapes it holds less than onnxruntime's defaults, each side measured in a fresh process."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from dynnet_ros.commands.bench import make_feeds
-from dynnet_ros.engine.backends.cpu import OrtExecutor, session_options
-from dynnet_ros.engine.model_io import input_specs, load_model
+from dynnet_ros.engine.modelio.models import input_specs, load_model
+from dynnet_ros.engine.runtime.ort_executor import OrtExecutor, session_options
 from dynnet_ros.zoo import resolve_model_spec
 
 pytestmark = pytest.mark.graph
@@ -24,9 +24,9 @@ _PEAK_SCRIPT = """
 import json, sys
 import numpy as np
 from dynnet_ros.commands.bench import make_feeds
-from dynnet_ros.engine.backends.cpu import OrtExecutor
-from dynnet_ros.engine.model_io import input_specs, load_model
-from dynnet_ros.engine.procmem import reset_peak_rss, status_bytes
+from dynnet_ros.engine.runtime.ort_executor import OrtExecutor
+from dynnet_ros.engine.modelio.models import input_specs, load_model
+from dynnet_ros.procmem import reset_peak_rss, status_bytes
 path, lean, sides = sys.argv[1], sys.argv[2] == "lean", json.loads(sys.argv[3])
 specs = input_specs(load_model(path, check=False, external_data=False))
 rng = np.random.default_rng(0)

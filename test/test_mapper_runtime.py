@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 import yaml
 
-from dynnet_ros.engine.backends.base import Executor
+from dynnet_ros.engine.runtime.base import Executor
 from dynnet_ros.mapper.build import build_stages
 from dynnet_ros.mapper.hardware import load_hardware
 from dynnet_ros.mapper.mapping import load_mapping, parse_mapping

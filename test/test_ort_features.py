@@ -1,4 +1,4 @@
-"""onnxruntime features probed at run time (engine/ort_features.py) and the fallbacks they pick.
+"""onnxruntime features probed at run time (engine/modelio/ort_features.py) and the fallbacks they pick.
 
 The probes run against the installed runtime; ``ort_features.override`` then forces each
 fallback on a runtime that does not need it, so every branch runs on every supported version
@@ -14,11 +14,11 @@ from _swap_models import check_equal
 from dynnet_ros.commands.swap_bench_worker import make_feeds
 from dynnet_ros.engine import Engine
 from dynnet_ros.engine.backends.cpu_planned import create_planned_executor
-from dynnet_ros.engine.ort_features import EXTERNAL_FOLDER_KEY, ort_features, override, probe
-from dynnet_ros.engine.plan.executor import PlannedExecutor
-from dynnet_ros.engine.plan.loader import external_data_dir, load_skeleton
+from dynnet_ros.engine.modelio.loader import external_data_dir, load_skeleton
+from dynnet_ros.engine.modelio.ort_features import EXTERNAL_FOLDER_KEY, ort_features, override, probe
 from dynnet_ros.engine.plan.options import PlannerOptions
-from dynnet_ros.engine.plan.segments import has_fused_sum
+from dynnet_ros.engine.runtime.executor import PlannedExecutor
+from dynnet_ros.engine.runtime.segments import has_fused_sum
 from dynnet_ros.zoo import ensure_model
 
 pytestmark = pytest.mark.subset

@@ -12,7 +12,6 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from dynnet_ros.engine.backends.cpu import OrtExecutor
 from dynnet_ros.engine.backends.cpu_planned import create_planned_executor
 from dynnet_ros.engine.plan.cost_model import (
     CostTable,
@@ -25,7 +24,8 @@ from dynnet_ros.engine.plan.cost_model import (
     onnxruntime_activation,
     single_session,
 )
-from dynnet_ros.engine.plan.executor import PlannedExecutor
+from dynnet_ros.engine.runtime.executor import PlannedExecutor
+from dynnet_ros.engine.runtime.ort_executor import OrtExecutor
 
 MB = 1 << 20
 KB = 1 << 10

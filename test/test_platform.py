@@ -14,8 +14,8 @@ from _swap_models import check_equal
 from dynnet_ros import hostcaps
 from dynnet_ros.commands.swap_bench_worker import make_feeds
 from dynnet_ros.engine import Engine
+from dynnet_ros.engine.modelio.loader import load_skeleton
 from dynnet_ros.engine.plan.layout import cpu_block_size, laid_out_skeleton
-from dynnet_ros.engine.plan.loader import load_skeleton
 from dynnet_ros.swap.swapin import HostArena, arena_layout, huge_pages_available, page_unit
 from dynnet_ros.zoo import ensure_model
 

@@ -25,11 +25,11 @@ from rclpy.node import Node
 from std_msgs.msg import String
 
 from dynnet_ros.budget.protocol import BUDGETS_TOPIC, PROFILES_TOPIC
-from dynnet_ros.engine.procmem import process_memory
 from dynnet_ros.nodes.budget_manager import BudgetManager
 from dynnet_ros.nodes.budget_profile import ProfilePublisher
 from dynnet_ros.nodes.foxglove_view import FoxgloveView
 from dynnet_ros.nodes.sensor_sim import SensorSim
+from dynnet_ros.procmem import process_memory
 
 NS = f"/steadytest_{os.getpid()}"
 LANE = f"{NS}/lane_node"

@@ -86,7 +86,7 @@ def test_budget_below_minimum_is_rejected_and_previous_kept():
 
 
 def test_engine_built_with_a_budget_streams_from_the_start_and_keeps_the_page_cache_clean():
-    from dynnet_ros.engine.procmem import status_bytes
+    from dynnet_ros.procmem import status_bytes
 
     path = str(ensure_model("depth"))
     probe = Engine(path, threads=1)
@@ -110,7 +110,7 @@ def test_engine_built_with_a_budget_streams_from_the_start_and_keeps_the_page_ca
 
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_damaged_weight_file_is_detected_and_rebuilt(damage):
-    from dynnet_ros.engine.plan.loader import load_skeleton
+    from dynnet_ros.engine.modelio.loader import load_skeleton
     from dynnet_ros.swap.streamed import prepare_weight_file
     from dynnet_ros.swap.weight_file import StoreError, WeightFile
 

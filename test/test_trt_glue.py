@@ -22,8 +22,8 @@ import pytest
 from _trt_standin import fake_modules
 from onnx import TensorProto, helper, numpy_helper
 
-from dynnet_ros.engine.backends.cpu import OrtExecutor
 from dynnet_ros.engine.backends.trt_config import TrtOptions
+from dynnet_ros.engine.runtime.ort_executor import OrtExecutor
 from dynnet_ros.zoo import ensure_model, example_inputs
 
 pytestmark = pytest.mark.graph

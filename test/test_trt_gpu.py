@@ -34,10 +34,10 @@ pytestmark = [pytest.mark.skipif(REASON is not None, reason=REASON or ""), pytes
 
 if REASON is None:  # pragma: no cover - GPU machines only
     from dynnet_ros.engine import Engine
-    from dynnet_ros.engine.backends.cpu import OrtExecutor
     from dynnet_ros.engine.backends.tensorrt import TensorRTExecutor
     from dynnet_ros.engine.backends.trt_config import TrtOptions, fast_precisions
-    from dynnet_ros.engine.model_io import load_model
+    from dynnet_ros.engine.modelio.models import load_model
+    from dynnet_ros.engine.runtime.ort_executor import OrtExecutor
     from dynnet_ros.zoo import MODEL_NAMES, ensure_model, example_inputs
 else:
     MODEL_NAMES = ("lane", "pedestrian", "depth", "gated", "multiexit")

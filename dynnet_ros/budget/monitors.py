@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from dynnet_ros.budget.cgroup import CgroupPaths, locate_cgroup
-from dynnet_ros.engine.procmem import process_rss
+from dynnet_ros.procmem import process_rss
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dynnet_ros.budget.cgroup import CgroupPaths, find_cgroup
-from dynnet_ros.engine.procmem import parse_kb_fields
+from dynnet_ros.procmem import parse_kb_fields
 
 # --------------------------------------------------------------------------- parsers
 

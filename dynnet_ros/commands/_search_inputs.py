@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 
 from dynnet_ros.commands.map_inputs import scene_feeds
-from dynnet_ros.engine.model_io import input_specs, load_model
+from dynnet_ros.engine.modelio.models import input_specs, load_model
 from dynnet_ros.mapper.hardware import Hardware
 from dynnet_ros.mapper.profile_io import Profile, read_csv, to_csv
 from dynnet_ros.mapper.profiler import cache_key, profile_stage_set

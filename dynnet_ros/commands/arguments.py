@@ -18,7 +18,7 @@ from dynnet_ros.commands.basic_arguments import bag_output as bag_output
 from dynnet_ros.commands.basic_arguments import existing_dir as existing_dir
 from dynnet_ros.commands.basic_arguments import ros_namespace as ros_namespace
 from dynnet_ros.commands.basic_arguments import tcp_port as tcp_port
-from dynnet_ros.engine.model_io import input_specs, load_model
+from dynnet_ros.engine.modelio.models import input_specs, load_model
 from dynnet_ros.mapper.runtime_cache import read_costs_file
 from dynnet_ros.mapper.system_model import RuntimeCosts
 from dynnet_ros.sim.frames import parse_resolution

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from dynnet_ros.commands import CommandError, _map_arguments, arguments
 from dynnet_ros.commands.exit_frames import TASKS, exit_inputs, read_frames
-from dynnet_ros.engine.model_io import load_model
+from dynnet_ros.engine.modelio.models import load_model
 from dynnet_ros.engine.rdp import analyze
 from dynnet_ros.mapper.exit_heads import learn_exits
 from dynnet_ros.perception.model_info import model_info

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from dynnet_ros.engine.model_io import input_specs
+from dynnet_ros.engine.modelio.models import input_specs
 from dynnet_ros.sim.scene import make_scene, render_camera
 
 LIDAR_HIT_RATE = 0.02

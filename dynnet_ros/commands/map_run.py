@@ -14,7 +14,7 @@ from rich.table import Table
 
 from dynnet_ros.commands import CommandError, _map_arguments, arguments
 from dynnet_ros.commands.map_inputs import npz_feeds, scene_feeds
-from dynnet_ros.engine.model_io import load_model
+from dynnet_ros.engine.modelio.models import load_model
 from dynnet_ros.mapper.advice import never_early
 from dynnet_ros.mapper.build import build_stages
 from dynnet_ros.mapper.mapping import check_stage_count, load_mapping

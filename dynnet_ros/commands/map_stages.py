@@ -10,7 +10,7 @@ from rich.table import Table
 
 from dynnet_ros.commands import _map_arguments, arguments
 from dynnet_ros.commands.map_inputs import scene_feeds
-from dynnet_ros.engine.model_io import load_model
+from dynnet_ros.engine.modelio.models import load_model
 from dynnet_ros.mapper.advice import no_early_exit
 from dynnet_ros.mapper.build import build_stages
 from dynnet_ros.mapper.partition import Partition, load_partition

@@ -15,10 +15,10 @@ from dynnet_ros.commands import arguments
 from dynnet_ros.engine.backends.cpu_planned import create_planned_executor, timed_point
 from dynnet_ros.engine.backends.cut_verdict import cut_verdict
 from dynnet_ros.engine.backends.registry import load_for_backend
-from dynnet_ros.engine.plan.executor import PlannedExecutor, reference_shapes
 from dynnet_ros.engine.plan.graph import node_name
 from dynnet_ros.engine.plan.memory_plan import greedy_by_size
 from dynnet_ros.engine.plan.options import plan_profile
+from dynnet_ros.engine.runtime.executor import PlannedExecutor, reference_shapes
 from dynnet_ros.units import MB
 from dynnet_ros.zoo import resolve_model_spec
 
@@ -146,7 +146,7 @@ def _print_timing(timing: dict | None) -> None:
 
 
 def _session_kind(report: dict) -> str:
-    """How the single session is configured (backends/cpu.py, OrtExecutor) and what timed it so."""
+    """How the single session is configured (runtime/ort_executor.py, OrtExecutor) and what timed it so."""
     ratio = report.get("lean_ratio")
     if report.get("lean"):
         timed = "" if ratio is None else f", timed {ratio:.3f}x onnxruntime's defaults"

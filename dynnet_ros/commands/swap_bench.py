@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from dynnet_ros.engine.model_io import load_model, weight_bytes
-from dynnet_ros.engine.plan.loader import load_skeleton
+from dynnet_ros.engine.modelio.loader import load_skeleton
+from dynnet_ros.engine.modelio.models import load_model, weight_bytes
 from dynnet_ros.perception.letterbox import plan_letterbox
 from dynnet_ros.swap.streamed import prepare_weight_file
 from dynnet_ros.units import MB

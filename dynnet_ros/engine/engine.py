@@ -1,7 +1,7 @@
 """The Engine facade: the one object nodes, tools and tests run models through.
 
 Its contract (docs/engine.md) stays fixed while the insides change: RDP plans, streamed weights and
-kernel versions plug in as executors (backends/base.py) without touching callers.
+kernel versions plug in as executors (runtime/base.py) without touching callers.
 """
 from __future__ import annotations
 
@@ -16,13 +16,20 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from dynnet_ros.engine.backends.base import OVER_BUDGET_POLICIES, Executor, ExecutorStats, OverBudget, WindowStats
-from dynnet_ros.engine.backends.cpu import OrtExecutor
 from dynnet_ros.engine.backends.registry import create_executor, load_for_backend
-from dynnet_ros.engine.feeds import FeedCheck, plan_breach, shape_signature, validate_feeds
-from dynnet_ros.engine.model_io import InputSpec, ModelLike, default_specs, input_specs, output_names, weight_bytes
-from dynnet_ros.engine.plan.loader import source_path
+from dynnet_ros.engine.modelio.feeds import FeedCheck, plan_breach, shape_signature, validate_feeds
+from dynnet_ros.engine.modelio.loader import source_path
+from dynnet_ros.engine.modelio.models import (
+    InputSpec,
+    ModelLike,
+    default_specs,
+    input_specs,
+    output_names,
+    weight_bytes,
+)
 from dynnet_ros.engine.reference import ORT_RUN_ERRORS, ReferenceRunner, plain_only_reason, refused
+from dynnet_ros.engine.runtime.base import OVER_BUDGET_POLICIES, Executor, ExecutorStats, OverBudget, WindowStats
+from dynnet_ros.engine.runtime.ort_executor import OrtExecutor
 from dynnet_ros.swap.control import BudgetModel, BudgetRefused, SwapControl, preferred_shapes
 from dynnet_ros.units import MB
 

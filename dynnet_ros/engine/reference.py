@@ -17,8 +17,8 @@ import numpy as np
 import onnx
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
-from dynnet_ros.engine.backends.cpu import OrtExecutor
-from dynnet_ros.engine.model_io import InputSpec
+from dynnet_ros.engine.modelio.models import InputSpec
+from dynnet_ros.engine.runtime.ort_executor import OrtExecutor
 
 log = logging.getLogger(__name__)
 

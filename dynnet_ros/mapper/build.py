@@ -5,8 +5,8 @@ from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 
-from dynnet_ros.engine.model_io import ModelLike, load_model
-from dynnet_ros.engine.plan.loader import hoist_weight_constants
+from dynnet_ros.engine.modelio.loader import hoist_weight_constants
+from dynnet_ros.engine.modelio.models import ModelLike, load_model
 from dynnet_ros.engine.rdp import analyze
 
 from .partition import Partition

@@ -39,7 +39,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from dynnet_ros.engine.model_io import load_model
+from dynnet_ros.engine.modelio.models import load_model
 from dynnet_ros.engine.rdp import AnalysisResult
 
 from .exits import METADATA_KEY, ExitSpec, exits_metadata, model_exits

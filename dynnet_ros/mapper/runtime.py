@@ -30,7 +30,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import helper
 
-from dynnet_ros.engine.backends.base import ExecutorStats
+from dynnet_ros.engine.runtime.base import ExecutorStats
 
 from .exits import ExitSpec
 from .hardware import Hardware

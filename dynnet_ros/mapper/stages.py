@@ -22,8 +22,8 @@ from typing import Any
 import onnx
 from onnx import helper
 
-from dynnet_ros.engine.model_io import ModelLike, load_model, weight_bytes
-from dynnet_ros.engine.plan.loader import hoist_weight_constants
+from dynnet_ros.engine.modelio.loader import hoist_weight_constants
+from dynnet_ros.engine.modelio.models import ModelLike, load_model, weight_bytes
 from dynnet_ros.engine.rdp import AnalysisResult, analyze
 from dynnet_ros.engine.rdp.expr import Expr, to_json_dim
 

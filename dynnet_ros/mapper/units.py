@@ -20,11 +20,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from dynnet_ros.engine.backends.base import Executor
 from dynnet_ros.engine.backends.tensorrt import TensorRTExecutor
 from dynnet_ros.engine.backends.trt_config import TrtOptions
 from dynnet_ros.engine.backends.trt_env import tensorrt_unavailable_reason
 from dynnet_ros.engine.rdp import eval_str
+from dynnet_ros.engine.runtime.base import Executor
 
 from .hardware import ComputeUnit
 

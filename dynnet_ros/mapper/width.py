@@ -33,7 +33,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
-from dynnet_ros.engine.model_io import ModelLike, load_model
+from dynnet_ros.engine.modelio.models import ModelLike, load_model
 from dynnet_ros.engine.rdp import AnalysisResult, analyze
 
 from .exits import METADATA_KEY, ExitSpec, exits_metadata, model_exits

@@ -20,9 +20,9 @@ from std_msgs.msg import String
 
 from dynnet_ros.budget.profile import ProfileHold, engine_profile
 from dynnet_ros.budget.protocol import PROFILES_TOPIC, ModelProfile
-from dynnet_ros.engine.memtrim import release_memory
-from dynnet_ros.engine.procmem import ProcessMemory, process_memory
+from dynnet_ros.memtrim import release_memory
 from dynnet_ros.nodes.base import steady_timer
+from dynnet_ros.procmem import ProcessMemory, process_memory
 from dynnet_ros.settings import settings
 
 #: How long closing waits for a profile being published; within the shutdown watchdog's limit.

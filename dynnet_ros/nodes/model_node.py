@@ -45,9 +45,8 @@ from dynnet_ros.budget.protocol import BUDGET_PARAM, BUDGETS_TOPIC, OWNER_PARAM,
 from dynnet_ros.compressed import TRANSPORTS, compressed_topic
 from dynnet_ros.engine.backends.registry import available_backends
 from dynnet_ros.engine.engine import Engine
-from dynnet_ros.engine.memtrim import release_memory
-from dynnet_ros.engine.procmem import process_memory
 from dynnet_ros.mapper.runtime import StageExecutor
+from dynnet_ros.memtrim import release_memory
 from dynnet_ros.nodes import diagnostics as diag
 from dynnet_ros.nodes.base import SENSOR_QOS_OVERRIDES, AtomicParameterService, ParamSpec, declare, steady_timer
 from dynnet_ros.nodes.budget_profile import ProfilePublisher, memory_now, prewarm_runtime
@@ -72,6 +71,7 @@ from dynnet_ros.perception.core import PerceptionCore
 from dynnet_ros.perception.letterbox import Letterbox, plan_letterbox
 from dynnet_ros.perception.model_info import ModelInfo, read_model_info
 from dynnet_ros.perception.projection import validate_intrinsics
+from dynnet_ros.procmem import process_memory
 from dynnet_ros.settings import settings
 from dynnet_ros.units import to_mb
 from dynnet_ros.zoo import ensure_model

@@ -20,10 +20,10 @@ from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import CameraInfo, Image, PointCloud2
 from std_msgs.msg import Header
 
-from dynnet_ros.engine.procmem import process_memory
 from dynnet_ros.nodes import diagnostics as diag
 from dynnet_ros.nodes.base import SENSOR_QOS_OVERRIDES, ParamSpec, declare, run_node, steady_timer
 from dynnet_ros.nodes.convert import array_to_image, xyzi_to_cloud
+from dynnet_ros.procmem import process_memory
 from dynnet_ros.sim.frames import SimSettings, camera_info_fields, parse_resolution, render_frame
 
 DEFAULTS = SimSettings()

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from dynnet_ros.engine.plan.loader import load_skeleton
+from dynnet_ros.engine.modelio.loader import load_skeleton
 
 Dim = int | str | None
 

@@ -21,8 +21,8 @@ import sys
 import numpy as np
 from onnx import helper
 
-from dynnet_ros.engine.memtrim import release_memory
-from dynnet_ros.engine.procmem import reset_peak_rss, status_bytes
+from dynnet_ros.memtrim import release_memory
+from dynnet_ros.procmem import reset_peak_rss, status_bytes
 from dynnet_ros.swap.calibration import Calibration, write_result
 from dynnet_ros.swap.streamed import StreamedExecutor
 from dynnet_ros.swap.weight_file import WeightFile

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from dynnet_ros.engine.backends.base import Executor
-from dynnet_ros.engine.memtrim import release_memory
-from dynnet_ros.engine.ort_features import ort_features
+from dynnet_ros.engine.modelio.ort_features import ort_features
 from dynnet_ros.engine.rdp import RDPWarning, analyze
 from dynnet_ros.engine.rdp.solve import runnable_shapes
+from dynnet_ros.engine.runtime.base import Executor
+from dynnet_ros.memtrim import release_memory
 from dynnet_ros.swap.calibration import Calibration, load_or_measure, shapes_key
 from dynnet_ros.swap.streamed import StreamedExecutor, predict_latency_ms, prepare_weight_file
 from dynnet_ros.swap.weight_file import StoreError, WeightFile

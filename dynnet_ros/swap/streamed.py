@@ -40,14 +40,14 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
-from dynnet_ros.engine.backends.base import OVER_BUDGET_POLICIES, BudgetExceeded, ExecutorStats, OverBudget, WindowStats
-from dynnet_ros.engine.memtrim import release_memory
-from dynnet_ros.engine.plan.executor import PlannedExecutor
+from dynnet_ros.engine.modelio.loader import load_skeleton, source_path
+from dynnet_ros.engine.modelio.model_check import file_digest
 from dynnet_ros.engine.plan.graph import all_graphs
 from dynnet_ros.engine.plan.layout import laid_out_skeleton
-from dynnet_ros.engine.plan.loader import load_skeleton, source_path
-from dynnet_ros.engine.plan.model_check import file_digest
 from dynnet_ros.engine.plan.options import PlannerOptions, plan_profile
+from dynnet_ros.engine.runtime.base import OVER_BUDGET_POLICIES, BudgetExceeded, ExecutorStats, OverBudget, WindowStats
+from dynnet_ros.engine.runtime.executor import PlannedExecutor
+from dynnet_ros.memtrim import release_memory
 from dynnet_ros.swap.calibration import Calibration, Shapes, load_or_measure, shapes_key
 from dynnet_ros.swap.residency import WeightWindow
 from dynnet_ros.swap.swapin import HostArena, WeightReader, arena_layout, huge_pages_available
@@ -117,7 +117,7 @@ def predict_latency_ms(compute_ms: float, weight_bytes: int, allowance: float, n
 
 
 class StreamedExecutor:
-    """BudgetedExecutor (see backends.base): the planned engine with its weights streamed."""
+    """BudgetedExecutor (see runtime.base): the planned engine with its weights streamed."""
 
     name = "swap"
 

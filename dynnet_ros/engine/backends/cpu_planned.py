@@ -1,6 +1,6 @@
 """The planned CPU backend: RDP plans over onnxruntime kernels (engine/plan), the default "cpu".
 
-``backend="ort"`` keeps the plain single-session executor (backends.cpu.OrtExecutor) for
+``backend="ort"`` keeps the plain single-session executor (runtime.ort_executor.OrtExecutor) for
 comparison and as a fallback for models the planner cannot cut.
 """
 from __future__ import annotations
@@ -16,8 +16,6 @@ from typing import Any
 import numpy as np
 import onnx
 
-from dynnet_ros.engine.backends.base import Executor
-from dynnet_ros.engine.backends.cpu import OrtExecutor
 from dynnet_ros.engine.backends.cut_timing import (
     Probe,
     candidates,
@@ -27,12 +25,14 @@ from dynnet_ros.engine.backends.cut_timing import (
     time_ratio,
 )
 from dynnet_ros.engine.backends.cut_verdict import cut_verdict
-from dynnet_ros.engine.model_io import input_specs
+from dynnet_ros.engine.modelio.loader import load_skeleton, source_path
+from dynnet_ros.engine.modelio.models import input_specs
 from dynnet_ros.engine.plan.cost_model import CutChoice
-from dynnet_ros.engine.plan.executor import CutsChosen, NothingToSave, PlannedExecutor
 from dynnet_ros.engine.plan.layout import laid_out_skeleton
-from dynnet_ros.engine.plan.loader import load_skeleton, source_path
 from dynnet_ros.engine.plan.options import PlannerOptions, plan_profile
+from dynnet_ros.engine.runtime.base import Executor
+from dynnet_ros.engine.runtime.executor import CutsChosen, NothingToSave, PlannedExecutor
+from dynnet_ros.engine.runtime.ort_executor import OrtExecutor
 
 log = logging.getLogger(__name__)
 

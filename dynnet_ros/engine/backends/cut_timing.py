@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dynnet_ros.engine.backends.base import Executor
-from dynnet_ros.engine.model_io import InputSpec
+from dynnet_ros.engine.modelio.models import InputSpec
 from dynnet_ros.engine.plan.cost_model import CutChoice, CutPoint
+from dynnet_ros.engine.runtime.base import Executor
 
 #: runs of each side before timing: past PlannerOptions.hot_after, so shape-specialised segment
 #: sessions exist, and onnxruntime's arena has grown to the shape

@@ -27,9 +27,9 @@ from typing import Any
 
 import onnxruntime as ort
 
+from dynnet_ros.engine.modelio.model_check import file_digest
 from dynnet_ros.engine.plan.cost_table import COST_VERSION
 from dynnet_ros.engine.plan.layout import LAYOUT_VERSION, cpu_block_size
-from dynnet_ros.engine.plan.model_check import file_digest
 from dynnet_ros.settings import settings
 
 log = logging.getLogger(__name__)

@@ -5,13 +5,13 @@ from collections.abc import Mapping
 
 import onnx
 
-from dynnet_ros.engine.backends.base import Executor
-from dynnet_ros.engine.backends.cpu import OrtExecutor
 from dynnet_ros.engine.backends.cpu_planned import create_planned_executor
 from dynnet_ros.engine.backends.tensorrt import TensorRTExecutor
 from dynnet_ros.engine.backends.trt_env import tensorrt_unavailable_reason
-from dynnet_ros.engine.model_io import load_model
-from dynnet_ros.engine.plan.loader import load_skeleton
+from dynnet_ros.engine.modelio.loader import load_skeleton
+from dynnet_ros.engine.modelio.models import load_model
+from dynnet_ros.engine.runtime.base import Executor
+from dynnet_ros.engine.runtime.ort_executor import OrtExecutor
 
 #: Every backend ``create_executor`` knows, available here or not.
 BACKEND_NAMES: tuple[str, ...] = ("cpu", "ort", "tensorrt")

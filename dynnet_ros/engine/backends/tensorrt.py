@@ -40,15 +40,15 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from dynnet_ros.engine.backends.base import Executor, ExecutorStats
-from dynnet_ros.engine.backends.cpu import OrtExecutor
 from dynnet_ros.engine.backends.trt_cache import EngineCache, model_sha256
 from dynnet_ros.engine.backends.trt_config import TrtOptions
 from dynnet_ros.engine.backends.trt_dla import LayerPlacement, engine_layer_placement
 from dynnet_ros.engine.backends.trt_plan import DeviceInfo, EnginePart, EnginePlan, initial_samples, plan_engine
 from dynnet_ros.engine.backends.trt_profiles import ProfileSet
 from dynnet_ros.engine.backends.trt_switch import EngineSwitch, NotServable
-from dynnet_ros.engine.model_io import output_names
+from dynnet_ros.engine.modelio.models import output_names
+from dynnet_ros.engine.runtime.base import Executor, ExecutorStats
+from dynnet_ros.engine.runtime.ort_executor import OrtExecutor
 
 LOG = logging.getLogger(__name__)
 #: value range (min, opt, max) built for shape-tensor inputs, e.g. NonMaxSuppression's

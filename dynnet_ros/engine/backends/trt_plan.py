@@ -39,7 +39,7 @@ from dynnet_ros.engine.backends.trt_profiles import (
     plan_static_profiles,
     weighted_samples,
 )
-from dynnet_ros.engine.model_io import input_specs, weight_bytes
+from dynnet_ros.engine.modelio.models import input_specs, weight_bytes
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dynnet_ros.engine.model_io import InputSpec
+from dynnet_ros.engine.modelio.models import InputSpec
 
 Shape = tuple[int, ...]
 Signature = tuple[tuple[str, Shape], ...]  # sorted (input name, shape) pairs: feeds.shape_signature

@@ -17,8 +17,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from dynnet_ros.engine.backends.base import Executor
 from dynnet_ros.engine.backends.trt_profiles import ProfileSet, Signature, as_signature
+from dynnet_ros.engine.runtime.base import Executor
 
 LOG = logging.getLogger(__name__)
 

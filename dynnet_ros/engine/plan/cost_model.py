@@ -33,7 +33,7 @@ class CostTable:
     # what a plain onnxruntime session's arena holds over a sequence of input shapes, per byte of
     # activations live at once at the largest of them (its regions grow by doubling and never shrink)
     ort_arena_factor: float = 1.0
-    # the same for the lean single session the planner falls back to (backends/cpu.py, OrtExecutor);
+    # the same for the lean single session the planner falls back to (runtime/ort_executor.py, OrtExecutor);
     # None: as ort_arena_factor (a table given without it)
     lean_arena_factor: float | None = None
     threads: int = 1

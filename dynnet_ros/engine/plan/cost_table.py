@@ -29,10 +29,10 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from dynnet_ros.engine.memtrim import pin_mmap_threshold
 from dynnet_ros.engine.plan.cost_model import CostTable
 from dynnet_ros.engine.plan.layout import cpu_block_size
-from dynnet_ros.engine.procmem import reset_peak_rss, status_bytes
+from dynnet_ros.memtrim import pin_mmap_threshold
+from dynnet_ros.procmem import reset_peak_rss, status_bytes
 from dynnet_ros.settings import settings
 
 log = logging.getLogger(__name__)
@@ -176,7 +176,7 @@ _ARENA_SIDES = ((224, 320), (480, 640), (320, 320), (640, 480), (640, 640), (256
 
 def _ort_arena_factor(threads: int, *, lean: bool = False) -> float:
     """Peak memory of a plain onnxruntime session (default options, as users run it; ``lean``: no
-    memory patterns, as backends/cpu.py's lean session) over a shape sequence, per byte live at
+    memory patterns, as runtime/ort_executor.py's lean session) over a shape sequence, per byte live at
     once at the largest shape, on a small encoder-decoder."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "H", "W"])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, "H", "W"])

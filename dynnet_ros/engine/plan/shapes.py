@@ -14,7 +14,7 @@ from typing import Protocol
 
 import onnx
 
-from dynnet_ros.engine.model_io import pin_input_dims
+from dynnet_ros.engine.modelio.models import pin_input_dims
 from dynnet_ros.engine.plan.graph import strip_weights
 from dynnet_ros.engine.rdp import AnalysisResult, analyze
 
@@ -77,7 +77,7 @@ class InferredShapes:
     @property
     def _symbolic(self) -> dict[str, list | None]:
         """Inferred symbolic dims, computed on first use: with RDP in front they are rarely needed,
-        and running onnx's inference keeps its library resident (see plan/model_check.py)."""
+        and running onnx's inference keeps its library resident (see modelio/model_check.py)."""
         if self._symbolic_dims is None:
             self._symbolic_dims = self._infer(self._model)
         return self._symbolic_dims

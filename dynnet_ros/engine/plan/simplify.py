@@ -29,8 +29,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from dynnet_ros.engine.modelio.loader import external_data_dir, read_external
 from dynnet_ros.engine.plan.graph import node_inputs, subgraphs, weight_placeholder
-from dynnet_ros.engine.plan.loader import external_data_dir, read_external
 from dynnet_ros.engine.rdp import analyze
 
 log = logging.getLogger(__name__)

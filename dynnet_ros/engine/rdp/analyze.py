@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 import onnx.inliner
 from onnx import ModelProto
 
-from dynnet_ros.engine.model_io import ModelLike, is_dim_symbol, load_model
+from dynnet_ros.engine.modelio.models import ModelLike, is_dim_symbol, load_model
 
 from .expr import Dim, Expr, floordiv, mul, substitute, sym
 from .fixpoint import GraphAnalyzer, derive_substitutions

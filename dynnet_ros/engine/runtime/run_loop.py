@@ -13,9 +13,9 @@ import numpy as np
 import onnxruntime as ort
 
 from dynnet_ros.engine.plan.arena import Arena
-from dynnet_ros.engine.plan.binding import Plan
 from dynnet_ros.engine.plan.graph import GraphIndex
-from dynnet_ros.engine.plan.hooks import BranchRunner, SegmentHook
+from dynnet_ros.engine.runtime.binding import Plan
+from dynnet_ros.engine.runtime.hooks import BranchRunner, SegmentHook
 
 
 def _value(name: str, plan: Plan, arena: Arena, feeds: Mapping[str, np.ndarray],

@@ -8,9 +8,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from dynnet_ros.engine.backends.base import ExecutorStats
-from dynnet_ros.engine.memtrim import pin_mmap_threshold
-from dynnet_ros.engine.plan.loader import source_path
+from dynnet_ros.engine.modelio.loader import source_path
+from dynnet_ros.engine.runtime.base import ExecutorStats
+from dynnet_ros.memtrim import pin_mmap_threshold
 
 #: glibc's mmap threshold a lean session pins (PlannerOptions.mmap_threshold's default): blocks of
 #: onnxruntime's arena above it are mapped afresh instead of carved from heap pages glibc keeps
@@ -50,7 +50,7 @@ class OrtExecutor:
     def __init__(self, model: onnx.ModelProto | str, *, threads: int | None = None,
                  options: ort.SessionOptions | None = None, plan: dict | None = None, lean: bool = False) -> None:
         """``model``: a ModelProto with its weights, a weightless skeleton of a model file
-        (plan/loader.py: onnxruntime reads the file it came from), or a model file's path.
+        (modelio/loader.py: onnxruntime reads the file it came from), or a model file's path.
         ``plan``: why the planned backend runs this plain session instead (its cost model's
         verdict), reported by ``executor_stats`` under "plan". ``lean``: see the class; ignored
         where ``options`` are given."""

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from dynnet_ros.engine.model_io import InputSpec, is_dim_symbol
+from dynnet_ros.engine.modelio.models import InputSpec, is_dim_symbol
 
 _UNCHECKED_KINDS = ("sequence", "map", "sparse")
 

@@ -11,13 +11,13 @@ from collections.abc import Mapping
 import onnx
 import onnxruntime as ort
 
-from dynnet_ros.engine.backends.cpu import default_threads
-from dynnet_ros.engine.ort_features import EXTERNAL_FOLDER_KEY, ort_features
+from dynnet_ros.engine.modelio.loader import external_data_dir, map_external
+from dynnet_ros.engine.modelio.ort_features import EXTERNAL_FOLDER_KEY, ort_features
 from dynnet_ros.engine.plan.graph import SHARED_WEIGHTS_LOCATION, GraphIndex, node_inputs
-from dynnet_ros.engine.plan.loader import external_data_dir, map_external
 from dynnet_ros.engine.plan.options import LEVELS, PlannerOptions
-from dynnet_ros.engine.plan.ort_env import register_shared_arena, use_global_pool
 from dynnet_ros.engine.plan.partition import Segment
+from dynnet_ros.engine.runtime.ort_env import register_shared_arena, use_global_pool
+from dynnet_ros.engine.runtime.ort_executor import default_threads
 
 #: Ops whose kernels use a thread pool well; segments without them run on fewer threads.
 HEAVY_OPS = {"Conv", "FusedConv", "ConvTranspose", "Gemm", "MatMul", "FusedMatMul", "Attention", "LSTM", "GRU"}

@@ -21,14 +21,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from dynnet_ros.engine.backends.base import ExecutorStats
-from dynnet_ros.engine.backends.cpu import default_threads
-from dynnet_ros.engine.memtrim import pin_mmap_threshold, release_memory
 from dynnet_ros.engine.plan.arena import Arena, align
 from dynnet_ros.engine.plan.banded import BandedRunner, find_stem
-from dynnet_ros.engine.plan.binding import Plan, Signature, TensorSlot, bind_plan, plan_buffers
 from dynnet_ros.engine.plan.cache import LruCache
-from dynnet_ros.engine.plan.control import IfRunner
 from dynnet_ros.engine.plan.cost_model import (
     MAC_OPS,
     CutChoice,
@@ -41,14 +36,22 @@ from dynnet_ros.engine.plan.cost_model import (
 from dynnet_ros.engine.plan.cost_table import cost_table
 from dynnet_ros.engine.plan.exec_order import order_for_executor
 from dynnet_ros.engine.plan.graph import GraphIndex, node_inputs, split_weights, subgraphs
-from dynnet_ros.engine.plan.hooks import BranchRunner, SegmentHook
-from dynnet_ros.engine.plan.loop import LoopRunner
 from dynnet_ros.engine.plan.memory_plan import lower_bound, plan_offsets
 from dynnet_ros.engine.plan.options import PlannerOptions
 from dynnet_ros.engine.plan.ort_types import value_types
 from dynnet_ros.engine.plan.partition import Segment, describe_segment, partition, sink_small_nodes
-from dynnet_ros.engine.plan.run_loop import collect_outputs, run_segments
-from dynnet_ros.engine.plan.segments import (
+from dynnet_ros.engine.plan.shapes import ShapeSource, make_shape_source
+from dynnet_ros.engine.plan.simplify import simplify
+from dynnet_ros.engine.plan.versions import Version, VersionManager
+from dynnet_ros.engine.rdp.ops.ort_contrib import nchwc_block_size
+from dynnet_ros.engine.runtime.base import ExecutorStats
+from dynnet_ros.engine.runtime.binding import Plan, Signature, TensorSlot, bind_plan, plan_buffers
+from dynnet_ros.engine.runtime.control_flow import IfRunner
+from dynnet_ros.engine.runtime.hooks import BranchRunner, SegmentHook
+from dynnet_ros.engine.runtime.loop import LoopRunner
+from dynnet_ros.engine.runtime.ort_executor import default_threads
+from dynnet_ros.engine.runtime.run_loop import collect_outputs, run_segments
+from dynnet_ros.engine.runtime.segments import (
     HEAVY_OPS,
     NoSession,
     SegmentRunner,
@@ -56,10 +59,7 @@ from dynnet_ros.engine.plan.segments import (
     has_fused_sum,
     segment_session_options,
 )
-from dynnet_ros.engine.plan.shapes import ShapeSource, make_shape_source
-from dynnet_ros.engine.plan.simplify import simplify
-from dynnet_ros.engine.plan.versions import Version, VersionManager
-from dynnet_ros.engine.rdp.ops.ort_contrib import nchwc_block_size
+from dynnet_ros.memtrim import pin_mmap_threshold, release_memory
 from dynnet_ros.units import MB
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ def reference_shapes(graph: GraphIndex, side: int) -> dict[str, tuple[int, ...]]
     return shapes
 
 class PlannedExecutor:
-    """Executor (see backends.base) running a model as planned segments over one arena."""
+    """Executor (see runtime.base) running a model as planned segments over one arena."""
 
     name = "cpu-planned"
 
@@ -227,7 +227,7 @@ class PlannedExecutor:
     # ------------------------------------------------------------------ build
     def _build_branch_runners(self, weights: Mapping[str, np.ndarray]) -> dict[int, BranchRunner]:
         """If/Loop segments whose branches/body can be planned on their own (else onnxruntime's
-        If/Loop runs them); plan/control.py, plan/loop.py."""
+        If/Loop runs them); runtime/control_flow.py, runtime/loop.py."""
         kinds: dict[str, type[IfRunner] | type[LoopRunner]] = {"If": IfRunner, "Loop": LoopRunner}
         runners: dict[int, BranchRunner] = {}
         if not self.options.plan_branches:

@@ -18,8 +18,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from dynnet_ros.engine.model_io import clear_negative_dims, load_model
-from dynnet_ros.engine.plan.model_check import INVALID_MODEL_EXIT, check_model_file
+from dynnet_ros.engine.modelio.model_check import INVALID_MODEL_EXIT, check_model_file
+from dynnet_ros.engine.modelio.models import clear_negative_dims, load_model
 
 EXTERNAL_DIR_KEY = "dynnet_ros.external_data_dir"
 SOURCE_PATH_KEY = "dynnet_ros.source_path"  # the file a weightless skeleton was loaded from
@@ -254,7 +254,7 @@ def check_skeleton(proto: onnx.ModelProto) -> None:
 def load_skeleton(path: str | os.PathLike, *, check: bool = True) -> onnx.ModelProto:
     """A checked, weightless ModelProto for ``path`` (ValueError on unreadable / invalid models).
 
-    The check runs once per file content, in a child process (plan/model_check.py);
+    The check runs once per file content, in a child process (modelio/model_check.py);
     ``check=False`` for files this package wrote itself (the layout cache)."""
     path = os.fspath(path)
     proto = skeleton_proto(path)
