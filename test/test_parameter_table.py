@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 from dynnet_ros.nodes.base import ParamSpec
@@ -11,6 +9,7 @@ from dynnet_ros.nodes.parameter_table import (
     MODEL_NODES,
     ORDER,
     TABLES,
+    main,
     markdown_tables,
     range_text,
     row,
@@ -60,7 +59,6 @@ def test_shared_rows_are_those_every_model_node_declares_alike():
     assert any(line.startswith("| `memory_budget_mb` |") for line in shared)
 
 
-def test_module_prints_the_tables():
-    out = subprocess.run([sys.executable, "-m", "dynnet_ros.nodes.parameter_table"], capture_output=True,
-                         text=True, check=True, timeout=120).stdout
-    assert out == markdown_tables()
+def test_main_prints_the_tables(capsys):
+    main()
+    assert capsys.readouterr().out == markdown_tables()

@@ -94,5 +94,10 @@ def markdown_tables() -> str:
     return "\n\n".join(sections) + "\n"
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """Print the tables (``python -m dynnet_ros.nodes.parameter_table``)."""
     print(markdown_tables(), end="")
+
+
+if __name__ == "__main__":
+    main()
