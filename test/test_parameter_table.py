@@ -22,7 +22,9 @@ ROS_MD = ROOT / "docs" / "ros.md"
 
 
 def test_ros_md_holds_the_generated_tables():
-    assert markdown_tables() in ROS_MD.read_text()
+    assert markdown_tables() in ROS_MD.read_text(), (
+        "docs/ros.md's parameter tables differ from the nodes' declarations: replace them with the output "
+        "of `python -m dynnet_ros.nodes.parameter_table`")
 
 
 def test_every_declared_parameter_has_a_row_and_no_row_is_undeclared():
