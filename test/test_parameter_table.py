@@ -64,3 +64,22 @@ def test_shared_rows_are_those_every_model_node_declares_alike():
 def test_main_prints_the_tables(capsys):
     main()
     assert capsys.readouterr().out == markdown_tables()
+
+
+def test_readme_names_only_declared_parameters():
+    """The README's short parameter table names parameters the nodes it lists declare."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Main parameters", 1)[1].split("\n## ", 1)[0]
+    node = ""
+    checked = 0
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if not line.startswith("| ") or len(cells) < 2 or cells[1] == "parameter":
+            continue
+        node = cells[0] or node
+        nodes = MODEL_NODES if node == "model nodes" else (node,)
+        for name in re.findall(r"`([a-z_]+)`", cells[1]):
+            for each in nodes:
+                assert name in {spec.name for spec in TABLES[each]}, f"README: {each} declares no {name}"
+                checked += 1
+    assert checked >= 10
