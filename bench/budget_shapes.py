@@ -24,9 +24,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test"))
 from _corpus import by_name  # the corpus lives with the tests
 
+from dynnet_ros.bytesize import MB
 from dynnet_ros.commands.swap_bench import parse_budget, run_worker
 from dynnet_ros.engine import Engine
-from dynnet_ros.units import MB
 from dynnet_ros.zoo import MODEL_NAMES, ensure_model
 
 Shapes = dict[str, tuple[int, ...]]

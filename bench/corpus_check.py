@@ -20,9 +20,9 @@ import onnxruntime as ort
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test"))
 from _corpus import CorpusModel, available_models  # the corpus lives with the tests
 
+from dynnet_ros.bytesize import MB
 from dynnet_ros.engine import Engine
 from dynnet_ros.engine.runtime.ort_executor import session_options
-from dynnet_ros.units import MB
 
 ROUNDS = 5
 

@@ -13,7 +13,7 @@ round to round. A part's time is its min over the rounds' runs, a mapping's late
 frames of each frame's min over the rounds: min-of-N on both sides, so the load of the machine
 (which only adds) falls out of both alike as far as it can.
 
-Predictions (``mapper.calibration``): the task graph of the runtime's own parts with the part
+Predictions (``mapper.runtime_costs``): the task graph of the runtime's own parts with the part
 times, at the exit rates the calibration of those frames gives,
 
 * ``alone``: the paper's model (no runtime costs);
@@ -39,7 +39,13 @@ import onnx
 
 from dynnet_ros.commands.map_inputs import scene_feeds
 from dynnet_ros.mapper.build import build_stages
-from dynnet_ros.mapper.calibration import (
+from dynnet_ros.mapper.hardware import load_hardware
+from dynnet_ros.mapper.mapping import StageAssignment, StageMapping
+from dynnet_ros.mapper.model_search import calibrate
+from dynnet_ros.mapper.partition import Partition, parse_partition
+from dynnet_ros.mapper.runtime import StageExecutor
+from dynnet_ros.mapper.runtime_cache import KeptCosts, costs_file, write_costs
+from dynnet_ros.mapper.runtime_costs import (
     Observation,
     contention_matters,
     fit_runtime_costs,
@@ -49,12 +55,6 @@ from dynnet_ros.mapper.calibration import (
     relative_errors,
     time_parts,
 )
-from dynnet_ros.mapper.hardware import load_hardware
-from dynnet_ros.mapper.mapping import StageAssignment, StageMapping
-from dynnet_ros.mapper.model_search import calibrate
-from dynnet_ros.mapper.partition import Partition, parse_partition
-from dynnet_ros.mapper.runtime import StageExecutor
-from dynnet_ros.mapper.runtime_cache import KeptCosts, costs_file, write_costs
 from dynnet_ros.mapper.system_model import RuntimeCosts
 from dynnet_ros.settings import settings
 from dynnet_ros.zoo import ensure_model

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import yaml
 
+from dynnet_ros.bytesize import MB
 from dynnet_ros.procmem import status_bytes
-from dynnet_ros.units import MB
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = ("lane", "pedestrian", "depth")

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dynnet_ros.units import MB
+from dynnet_ros.bytesize import MB
 
 THP_DIR = Path("/sys/kernel/mm/transparent_hugepage")
 #: Huge pages above this are not used: every streamed tensor would fault in (and the budget

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 
-from dynnet_ros.units import MB
+from dynnet_ros.bytesize import MB
 
 
 def parse_kb_fields(text: str) -> dict[str, int]:

@@ -1,6 +1,6 @@
 """Per-engine accounting: an engine's minimum budget is exactly the smallest budget it accepts,
 and the same in every process state — several engines, foreign allocations, any create/delete
-order (swap/calibration.py)."""
+order (swap/footprint.py)."""
 from __future__ import annotations
 
 import random
@@ -10,7 +10,7 @@ import pytest
 from _swap_models import conv_chain
 
 from dynnet_ros.engine import Engine
-from dynnet_ros.swap.calibration import Calibration
+from dynnet_ros.swap.footprint import Footprint
 
 SMALL = {"image": (1, 3, 64, 96)}
 LARGE = {"image": (1, 3, 128, 160)}
@@ -106,7 +106,7 @@ def test_bad_shapes_for_a_minimum_are_refused_with_the_reason(model):
 
 
 def test_calibration_arithmetic_keeps_minimum_and_allowance_consistent():
-    cal = Calibration(nonweight_bytes=10 * 2**20, arena_bytes=4 * 2**20, min_stream_bytes=3 * 2**20,
+    cal = Footprint(nonweight_bytes=10 * 2**20, arena_bytes=4 * 2**20, min_stream_bytes=3 * 2**20,
                       weight_span=12 * 2**20)
     minimum = cal.minimum_bytes()
     assert cal.allowance(minimum) >= cal.min_stream_bytes      # the minimum leaves the smallest window

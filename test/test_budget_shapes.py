@@ -19,10 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
+from dynnet_ros.bytesize import MB
 from dynnet_ros.commands.swap_bench import run_worker
 from dynnet_ros.engine import BudgetExceeded, Engine
-from dynnet_ros.swap.control import reference_shapes
-from dynnet_ros.units import MB
+from dynnet_ros.swap.budget_policy import reference_shapes
 from dynnet_ros.zoo import ensure_model
 
 pytestmark = pytest.mark.slow
@@ -225,13 +225,13 @@ def test_budget_changes_of_a_swappable_engine_stay_within_the_larger_state(swap_
 def test_a_plain_engine_says_its_first_budget_cannot_bound_the_process(chain, caplog):
     engine = Engine(chain, threads=1)
     engine.run(image(64, 96))
-    with caplog.at_level(logging.WARNING, logger="dynnet_ros.swap.control"):
+    with caplog.at_level(logging.WARNING, logger="dynnet_ros.swap.budget_policy"):
         engine.set_memory_budget(_minimum(chain, SMALL) * 1.1)
     warning = " ".join(r.getMessage() for r in caplog.records)
     assert "swappable=True" in warning and "memory_budget_mb" in warning
     engine.set_memory_budget(None)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="dynnet_ros.swap.control"):
+    with caplog.at_level(logging.WARNING, logger="dynnet_ros.swap.budget_policy"):
         engine.set_memory_budget(_minimum(chain, SMALL) * 1.1)  # a window resize from now on: no warning
     assert not [r for r in caplog.records if "swappable" in r.getMessage()]
     engine.close()

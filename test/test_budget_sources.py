@@ -16,8 +16,8 @@ from dynnet_ros.budget.sources import (
     reading_from_jetson_meminfo,
     reading_from_meminfo,
 )
+from dynnet_ros.bytesize import MB
 from dynnet_ros.procmem import parse_proc_status, process_memory, process_rss, status_bytes
-from dynnet_ros.units import MB
 
 MEMINFO = """MemTotal:        8000000 kB
 MemFree:         1000000 kB

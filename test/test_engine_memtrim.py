@@ -6,9 +6,9 @@ import platform
 
 import pytest
 
+from dynnet_ros.bytesize import MB
 from dynnet_ros.memtrim import release_memory
 from dynnet_ros.procmem import status_bytes
-from dynnet_ros.units import MB
 
 
 @pytest.mark.skipif(platform.system() != "Linux" or not ctypes.util.find_library("c"),

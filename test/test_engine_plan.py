@@ -363,7 +363,7 @@ def test_nchwc_kernels_only_for_segments_with_small_tensors():
 def test_planner_chooses_the_cheaper_granularity(engines):
     """"choose" keeps whichever of the auto/fine cuts costs less (arena lower bound at the
     reference shape + per-session overhead), and the fine cut never has a larger lower bound."""
-    from dynnet_ros.engine.plan.partition import partition
+    from dynnet_ros.engine.plan.segmentation import cut_segments
     from dynnet_ros.engine.runtime.executor import _SESSION_BYTES
 
     chosen = {}
@@ -372,9 +372,9 @@ def test_planner_chooses_the_cheaper_granularity(engines):
         assert isinstance(executor, PlannedExecutor) and executor.options.granularity == "choose"
         costs = {}
         for granularity in ("auto", "fine"):
-            segments = partition(executor.graph, executor.order, executor.reference_sizes, executor.shape_source.dims,
-                                 small_bytes=executor.options.small_bytes, granularity=granularity,
-                                 category=executor.shape_source.category)
+            segments = cut_segments(executor.graph, executor.order, executor.reference_sizes,
+                                    executor.shape_source.dims, small_bytes=executor.options.small_bytes,
+                                    granularity=granularity, category=executor.shape_source.category)
             costs[granularity] = executor._reference_lower_bound(segments) + _SESSION_BYTES * len(segments)
             if granularity == executor.granularity:  # same cut (a banded stem merges its first segments)
                 assert [n for s in segments for n in s.nodes] == [n for s in executor.segments for n in s.nodes]

@@ -28,7 +28,7 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1] / "dynnet_ros"
 #: root's single-file modules are named one by one (layer 0 utilities beside the layer 8 entry points).
 LAYERS: dict[str, int] = {
     "dynnet_ros.settings": 0,
-    "dynnet_ros.units": 0,
+    "dynnet_ros.bytesize": 0,
     "dynnet_ros.hostcaps": 0,
     "dynnet_ros.procmem": 0,
     "dynnet_ros.memtrim": 0,

@@ -23,10 +23,10 @@ import onnxruntime as ort
 import pytest
 from _corpus import CorpusModel, by_name, pytest_params
 
+from dynnet_ros.bytesize import MB
 from dynnet_ros.engine import Engine
 from dynnet_ros.engine.backends.cpu_planned import create_planned_executor
 from dynnet_ros.engine.runtime.executor import PlannedExecutor
-from dynnet_ros.units import MB
 
 RTOL, ATOL = 1e-4, 1e-5
 BUDGET_FRACTIONS = (1.0, 0.5, 0.25)

@@ -9,6 +9,7 @@ import yaml
 
 from dynnet_ros.budget.cgroup import CgroupPaths
 from dynnet_ros.budget.monitors import MemorySnapshot, read_cgroup_memory, snapshot
+from dynnet_ros.bytesize import MB
 from dynnet_ros.cli import main as cli_main
 from dynnet_ros.graph_config import (
     COMPONENTS,
@@ -27,7 +28,6 @@ from dynnet_ros.graph_config import (
     write_process_files,
 )
 from dynnet_ros.nodes.parameter_check import DECLARED, check_graph_parameters, parameter_problems
-from dynnet_ros.units import MB
 
 pytestmark = pytest.mark.graph
 

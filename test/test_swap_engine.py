@@ -1,4 +1,4 @@
-"""The Engine's budget policy (swap/control.py): the in-memory level, the latency table, an
+"""The Engine's budget policy (swap/budget_policy.py): the in-memory level, the latency table, an
 in-memory ModelProto under a budget. Streaming itself: test_swap_streamed.py."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from _swap_models import conv_chain, image
 
 from dynnet_ros.commands.swap_bench_worker import make_feeds
 from dynnet_ros.engine import Engine
-from dynnet_ros.swap.control import inmemory_estimate_bytes
+from dynnet_ros.swap.budget_policy import inmemory_estimate_bytes
 from dynnet_ros.zoo import ensure_model
 
 

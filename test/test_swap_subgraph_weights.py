@@ -1,6 +1,6 @@
 """Weights read only inside an ``If`` body stay in a streamed model's graph (swap/gemm_split.py),
 and the footprint calibration feeds the model's small integer inputs their last values
-(swap/calibration.py), so a model whose control flow hangs on such an input (Silero's sample
+(swap/footprint.py), so a model whose control flow hangs on such an input (Silero's sample
 rate, test/test_real_models.py) can be budgeted."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 
 from dynnet_ros.engine import Engine
-from dynnet_ros.swap.calibration import calibration_path
+from dynnet_ros.swap.footprint import calibration_path
 from dynnet_ros.swap.gemm_split import split_large_gemms
 
 

@@ -17,6 +17,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from dynnet_ros.bytesize import MB
 from dynnet_ros.engine import Engine
 from dynnet_ros.engine.backends.registry import available_backends, create_executor
 from dynnet_ros.engine.backends.trt_cache import EngineCache, EngineKey, model_sha256
@@ -53,7 +54,6 @@ from dynnet_ros.engine.backends.trt_profiles import (
 from dynnet_ros.engine.backends.trt_switch import EngineSwitch, NotServable
 from dynnet_ros.engine.modelio.models import InputSpec
 from dynnet_ros.engine.runtime.ort_executor import OrtExecutor
-from dynnet_ros.units import MB
 
 pytestmark = pytest.mark.graph
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import psutil
 
 from dynnet_ros.budget.cgroup import CgroupPaths, locate_cgroup, parse_limit_bytes, parse_memory_stat, parse_usage_bytes
+from dynnet_ros.bytesize import MB
 from dynnet_ros.procmem import parse_kb_fields
-from dynnet_ros.units import MB
 
 
 @dataclass(frozen=True)

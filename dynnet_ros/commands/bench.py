@@ -21,6 +21,7 @@ import onnx
 import onnxruntime as ort
 from matplotlib.figure import Figure
 
+from dynnet_ros.bytesize import MB
 from dynnet_ros.commands import CommandError, arguments
 from dynnet_ros.engine.backends.cpu_planned import create_planned_executor
 from dynnet_ros.engine.backends.registry import BACKEND_NAMES, available_backends, load_for_backend
@@ -28,7 +29,6 @@ from dynnet_ros.engine.engine import Engine
 from dynnet_ros.engine.modelio.models import input_specs, load_model
 from dynnet_ros.engine.runtime.ort_executor import default_threads, session_options
 from dynnet_ros.procmem import reset_peak_rss, status_bytes
-from dynnet_ros.units import MB
 from dynnet_ros.zoo import resolve_model_spec
 
 NAME = "bench"

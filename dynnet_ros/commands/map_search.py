@@ -16,7 +16,6 @@ from dynnet_ros.commands._search_inputs import cached_profile, frames, model_sta
 from dynnet_ros.engine.backends.trt_cache import model_sha256
 from dynnet_ros.engine.rdp import analyze
 from dynnet_ros.mapper.advice import no_early_exit, no_exit_taken, one_stage_guard
-from dynnet_ros.mapper.calibration import Observation, contention_matters, fit_runtime_costs, relative_errors
 from dynnet_ros.mapper.choices import (
     Constraints,
     SearchChoices,
@@ -42,6 +41,7 @@ from dynnet_ros.mapper.plot import plot_pareto
 from dynnet_ros.mapper.profile_io import combine, read_profile
 from dynnet_ros.mapper.profiler import measure_stages, stage_feeds
 from dynnet_ros.mapper.runtime_cache import KeptCosts, costs_file, search_costs, write_costs
+from dynnet_ros.mapper.runtime_costs import Observation, contention_matters, fit_runtime_costs, relative_errors
 from dynnet_ros.mapper.search import NEVER, PREFER, ChainSpace, StageSpace, pick
 from dynnet_ros.mapper.stages import StageSet
 from dynnet_ros.mapper.system_model import RuntimeCosts

@@ -8,13 +8,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from dynnet_ros.bytesize import MB
 from dynnet_ros.commands import _map_arguments, arguments
 from dynnet_ros.commands.map_inputs import scene_feeds
 from dynnet_ros.engine.modelio.models import load_model
 from dynnet_ros.mapper.advice import no_early_exit
 from dynnet_ros.mapper.build import build_stages
 from dynnet_ros.mapper.partition import Partition, load_partition
-from dynnet_ros.units import MB
 from dynnet_ros.zoo import resolve_model_spec
 
 ACTION = "stages"

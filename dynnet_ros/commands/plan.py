@@ -11,6 +11,7 @@ from pathlib import Path
 import onnx
 import onnxruntime as ort
 
+from dynnet_ros.bytesize import MB
 from dynnet_ros.commands import arguments
 from dynnet_ros.engine.backends.cpu_planned import create_planned_executor, timed_point
 from dynnet_ros.engine.backends.cut_verdict import cut_verdict
@@ -19,7 +20,6 @@ from dynnet_ros.engine.plan.graph import node_name
 from dynnet_ros.engine.plan.memory_plan import greedy_by_size
 from dynnet_ros.engine.plan.options import plan_profile
 from dynnet_ros.engine.runtime.executor import PlannedExecutor, reference_shapes
-from dynnet_ros.units import MB
 from dynnet_ros.zoo import resolve_model_spec
 
 NAME = "plan"

@@ -1,7 +1,7 @@
 """Measure a graph's model footprints before its nodes start (`dynnet up`, `dynnet demo`).
 
 Why: a budget is judged against each model's footprint at each input size class, measured once per
-machine in a child process (swap/calibration.py). On a graph's first start every model node would
+machine in a child process (swap/footprint.py). On a graph's first start every model node would
 measure its classes at once, on the same cores, while frames wait; measured here first, one at a
 time, the nodes start from the cache and serve at once. Later starts find everything cached and
 this step takes well under a second per model.

@@ -8,12 +8,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from dynnet_ros.bytesize import MB
 from dynnet_ros.commands import CommandError, arguments
 from dynnet_ros.commands.swap_bench import OVER_LIMIT, BenchPlan, plot, run_bench, run_sweep, sweep_sizes
 from dynnet_ros.engine.modelio.loader import load_skeleton
 from dynnet_ros.swap.streamed import prepare_weight_file
 from dynnet_ros.swap.weight_file import StoreError
-from dynnet_ros.units import MB
 from dynnet_ros.zoo import resolve_model_spec
 
 NAME = "swap"

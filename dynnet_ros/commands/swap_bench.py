@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
+from dynnet_ros.bytesize import MB
 from dynnet_ros.engine.modelio.loader import load_skeleton
 from dynnet_ros.engine.modelio.models import load_model, weight_bytes
 from dynnet_ros.perception.letterbox import plan_letterbox
 from dynnet_ros.swap.streamed import prepare_weight_file
-from dynnet_ros.units import MB
 
 #: camera resolutions (WxH) the sweep letterboxes, 320x240 … 1920x1080
 SWEEP_CAMERAS = ((320, 240), (640, 480), (800, 600), (1024, 768), (1280, 720), (1280, 800), (1280, 960),

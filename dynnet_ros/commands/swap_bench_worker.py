@@ -36,12 +36,12 @@ from typing import Any, Protocol
 import numpy as np
 import onnxruntime as ort
 
+from dynnet_ros.bytesize import MB
 from dynnet_ros.engine.engine import Engine
 from dynnet_ros.engine.modelio.models import input_specs, load_model
 from dynnet_ros.engine.runtime.base import BudgetExceeded
 from dynnet_ros.memtrim import release_memory
 from dynnet_ros.procmem import reset_peak_rss, status_bytes
-from dynnet_ros.units import MB
 
 SPECIAL_INPUTS: dict[str, np.ndarray] = {
     "score_threshold": np.array([0.3], np.float32), "iou_threshold": np.array([0.5], np.float32),

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from dynnet_ros.bytesize import MB
 from dynnet_ros.engine.backends.registry import create_executor, load_for_backend
 from dynnet_ros.engine.modelio.feeds import FeedCheck, plan_breach, shape_signature, validate_feeds
 from dynnet_ros.engine.modelio.loader import source_path
@@ -30,12 +31,11 @@ from dynnet_ros.engine.modelio.models import (
 from dynnet_ros.engine.reference import ORT_RUN_ERRORS, ReferenceRunner, plain_only_reason, refused
 from dynnet_ros.engine.runtime.base import OVER_BUDGET_POLICIES, Executor, ExecutorStats, OverBudget, WindowStats
 from dynnet_ros.engine.runtime.ort_executor import OrtExecutor
-from dynnet_ros.swap.control import BudgetModel, BudgetRefused, SwapControl, preferred_shapes
-from dynnet_ros.units import MB
+from dynnet_ros.swap.budget_policy import BudgetModel, BudgetRefused, SwapPolicy, preferred_shapes
 
 log = logging.getLogger(__name__)
 
-#: integer inputs up to this many elements count as control values (swap.control.SwapControl.control_values)
+#: integer inputs up to this many elements count as control values (swap.budget_policy.SwapPolicy.control_values)
 CONTROL_INPUT_MAX = 16
 
 
@@ -124,7 +124,7 @@ class Engine:
         engine also weighs its cuts at this size (default: dynamic dims at 640).
 
         A budget bounds what this engine holds — its resident weights plus its footprint besides
-        them at the input size (swap/calibration.py) — not the process's RSS, which other engines
+        them at the input size (swap/footprint.py) — not the process's RSS, which other engines
         and the caller's own allocations change too.
 
         ``over_budget``: what a frame does whose input size needs more than the budget in force
@@ -165,7 +165,7 @@ class Engine:
         self.outputs: list[str] = output_names(self.proto)
         self.weight_bytes = weight_bytes(self.proto)
         self.layout = layout
-        self._swap = SwapControl(BudgetModel(
+        self._swap = SwapPolicy(BudgetModel(
             load_proto=lambda: self.proto, backend=backend, threads=threads, layout=layout,
             weight_bytes=self.weight_bytes, create_executor=self._create_inmemory, over_budget=over_budget))
         self._expected_shapes = None if input_shapes is None else self._checked_shapes(input_shapes)

@@ -107,7 +107,7 @@ class RuntimeCosts:
     ``handoff_ms``: paid on top of the exchange cost whenever a task reads what another unit
     produced — waking the other unit's worker, which on a busy machine waits for its core. The
     defaults (0, 1, 1, 0) are the paper's model. All four are fitted from a few measured runs
-    (``mapper.calibration``)."""
+    (``mapper.runtime_costs``)."""
 
     dispatch_ms: float = 0.0
     contention: float = 1.0

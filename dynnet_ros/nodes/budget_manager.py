@@ -16,10 +16,10 @@ from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.node import Node
 
 from dynnet_ros.budget.monitors import snapshot
+from dynnet_ros.bytesize import MB
 from dynnet_ros.nodes import diagnostics as diag
 from dynnet_ros.nodes.base import ParamSpec, declare, run_node, steady_timer
 from dynnet_ros.nodes.budget_control import MANAGER_SPECS, BudgetController
-from dynnet_ros.units import MB
 
 SPECS = [
     ParamSpec("period_s", 1.0, "Seconds between memory readings.", low=0.1, high=60.0),

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dynnet_ros.bytesize import to_mb
 from dynnet_ros.perception.letterbox import CHUNK_ROWS, Letterbox
-from dynnet_ros.units import to_mb
 
 #: Camera messages alive at once in the worst case: the DDS reader's history (keep-last 1), the
 #: C message and its Python copy while rclpy converts the next frame, the one-slot mailbox, and

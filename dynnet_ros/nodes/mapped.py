@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from dynnet_ros.bytesize import MB
 from dynnet_ros.mapper.build import build_stages
 from dynnet_ros.mapper.choices import Pick, cache_file, load_choices, pick_within
 from dynnet_ros.mapper.hardware import Hardware, load_hardware
@@ -28,7 +29,6 @@ from dynnet_ros.mapper.mapping import load_mapping
 from dynnet_ros.mapper.model_search import to_mapping
 from dynnet_ros.mapper.partition import Partition
 from dynnet_ros.mapper.runtime import StageExecutor
-from dynnet_ros.units import MB
 
 AUTO = "auto"
 

@@ -42,6 +42,7 @@ from sensor_msgs.msg import CameraInfo, CompressedImage, Image
 from std_msgs.msg import String
 
 from dynnet_ros.budget.protocol import BUDGET_PARAM, BUDGETS_TOPIC, OWNER_PARAM, size_key, unit_budget
+from dynnet_ros.bytesize import to_mb
 from dynnet_ros.compressed import TRANSPORTS, compressed_topic
 from dynnet_ros.engine.backends.registry import available_backends
 from dynnet_ros.engine.engine import Engine
@@ -73,7 +74,6 @@ from dynnet_ros.perception.model_info import ModelInfo, read_model_info
 from dynnet_ros.perception.projection import validate_intrinsics
 from dynnet_ros.procmem import process_memory
 from dynnet_ros.settings import settings
-from dynnet_ros.units import to_mb
 from dynnet_ros.zoo import ensure_model
 
 #: parameters whose change builds a new core (loaded beside the old one, which serves until then);
@@ -333,7 +333,7 @@ class ModelNode(Node, ABC):
 
     def own_memory_mb(self) -> float:
         """What this node's model and frames hold, counted from what they are rather than from the
-        process: a streamed engine's calibrated footprint plus its resident weights (swap/calibration.py),
+        process: a streamed engine's calibrated footprint plus its resident weights (swap/footprint.py),
         or, for an engine that holds its model in memory, the RSS growth of its own load; plus the
         frame buffers."""
         window = self.engine.engine_stats().window

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from dynnet_ros.bytesize import MB
 from dynnet_ros.swap.swapin import HostArena, WeightReader
-from dynnet_ros.units import MB
 
 LOG = logging.getLogger(__name__)
 PINNED = 1 << 62  # claim of a tensor that is never dropped

@@ -17,7 +17,7 @@ How (SwapNet §4-5 on CPU):
 
 The budget bounds what this engine holds: its resident weights (counted exactly) plus what
 it holds besides them at the input shapes it runs (arena, sessions, onnxruntime's runtime),
-measured once per model and shapes in a clean child process (swap/calibration.py). The weight
+measured once per model and shapes in a clean child process (swap/footprint.py). The weight
 allowance is the budget minus that and a margin. A budget change is a window resize (no
 session is rebuilt).
 
@@ -40,6 +40,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
+from dynnet_ros.bytesize import MB
 from dynnet_ros.engine.modelio.loader import load_skeleton, source_path
 from dynnet_ros.engine.modelio.model_check import file_digest
 from dynnet_ros.engine.plan.graph import all_graphs
@@ -48,11 +49,10 @@ from dynnet_ros.engine.plan.options import PlannerOptions, plan_profile
 from dynnet_ros.engine.runtime.base import OVER_BUDGET_POLICIES, BudgetExceeded, ExecutorStats, OverBudget, WindowStats
 from dynnet_ros.engine.runtime.executor import PlannedExecutor
 from dynnet_ros.memtrim import release_memory
-from dynnet_ros.swap.calibration import Calibration, Shapes, load_or_measure, shapes_key
+from dynnet_ros.swap.footprint import Footprint, Shapes, load_or_measure, shapes_key
 from dynnet_ros.swap.residency import WeightWindow
 from dynnet_ros.swap.swapin import HostArena, WeightReader, arena_layout, huge_pages_available
 from dynnet_ros.swap.weight_file import LAYOUTS, WeightFile, ensure_weight_file
-from dynnet_ros.units import MB
 
 LOG = logging.getLogger(__name__)
 #: split FC weights to at most this fraction of all weights (a 25 % budget holds two pieces)
@@ -165,9 +165,9 @@ class StreamedExecutor:
         spans = {name: (t.offset, t.span, self.places[name]) for name, t in self.file.tensors.items()}
         self.window = WeightWindow(self.region, self.reader, spans, self.planned.segment_weight_names())
         self.planned.segment_hook = self
-        self._calibrations: dict[str, Calibration] = {}
-        self.control_values: dict[str, list] = {}  # what calibration feeds to small integer inputs (control.py)
-        self._cal: Calibration | None = None  # at the input shapes in force
+        self._calibrations: dict[str, Footprint] = {}
+        self.control_values: dict[str, list] = {}  # what calibration feeds to small integer inputs (budget_policy.py)
+        self._cal: Footprint | None = None  # at the input shapes in force
         self._shapes_key: str | None = None
         self._pending_shapes: Shapes | None = None  # last run's shapes, measured on demand
         self._warned: set[str] = set()
@@ -194,7 +194,7 @@ class StreamedExecutor:
                 values[tensor.name] = ort.OrtValue.ortvalue_from_numpy(view)
         return values
 
-    def calibration(self, shapes: Shapes) -> Calibration:
+    def footprint(self, shapes: Shapes) -> Footprint:
         """This engine's footprint at ``shapes`` (measured once per model and shapes in a child
         process, then read from the cache). ValueError: the model does not run at ``shapes``."""
         key = shapes_key(shapes)
@@ -215,7 +215,7 @@ class StreamedExecutor:
         key = shapes_key(shapes)
         if key == self._shapes_key:
             return
-        self._cal = self.calibration(shapes)
+        self._cal = self.footprint(shapes)
         self._shapes_key = key
         if self._budget is not None and self.planned.fit_arena(shapes):
             release_memory()  # the footprint at these shapes is what the budget leaves the window room beside
@@ -226,7 +226,7 @@ class StreamedExecutor:
                         self._over.describe(), self._over.overshoot_mb)
         self._apply_allowance()
 
-    def _over_budget(self, cal: Calibration, key: str) -> OverBudget | None:
+    def _over_budget(self, cal: Footprint, key: str) -> OverBudget | None:
         if self._budget is None or self._budget >= cal.minimum_bytes():
             return None
         return OverBudget(shapes=key, minimum_mb=cal.minimum_bytes() / MB, budget_mb=self._budget / MB)
@@ -237,12 +237,12 @@ class StreamedExecutor:
         and the policy is "raise"."""
         key = shapes_key(shapes)
         if key != self._shapes_key and self.over_budget == "raise":
-            over = self._over_budget(self.calibration(shapes), key)
+            over = self._over_budget(self.footprint(shapes), key)
             if over is not None:
                 raise BudgetExceeded(over)
         self.calibrate(shapes)
 
-    def _calibrated(self) -> Calibration:
+    def _calibrated(self) -> Footprint:
         if self._pending_shapes is not None:
             pending, self._pending_shapes = self._pending_shapes, None
             self.calibrate(pending)
@@ -258,14 +258,14 @@ class StreamedExecutor:
     def min_budget_bytes(self, shapes: Shapes | None = None) -> int:
         """The smallest budget accepted at ``shapes`` (default: the shapes in force): the
         footprint besides weights + the weights live at the heaviest segment, with the margin."""
-        return (self._calibrated() if shapes is None else self.calibration(shapes)).minimum_bytes()
+        return (self._calibrated() if shapes is None else self.footprint(shapes)).minimum_bytes()
 
     def lowest_level_bytes(self) -> int:
         """The lowest budget a table offers: the minimum (it does not move between frames)."""
         return self.min_budget_bytes()
 
     def inmemory_bytes(self, shapes: Shapes | None = None) -> int:
-        return (self._calibrated() if shapes is None else self.calibration(shapes)).inmemory_bytes()
+        return (self._calibrated() if shapes is None else self.footprint(shapes)).inmemory_bytes()
 
     def set_budget(self, budget_bytes: int | None) -> None:
         """All weights resident for None; else the window the budget leaves (ValueError if too small)."""

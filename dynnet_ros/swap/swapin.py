@@ -19,8 +19,8 @@ from enum import Enum
 
 import numpy as np
 
+from dynnet_ros.bytesize import MB
 from dynnet_ros.hostcaps import host_caps
-from dynnet_ros.units import MB
 
 ALIGN = 4096  # direct I/O granularity of the weight file and its reads (the logical block of every common disk)
 

@@ -29,12 +29,12 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from dynnet_ros.bytesize import MB
 from dynnet_ros.engine.modelio.loader import EXTERNAL_DIR_KEY, read_external, skeleton_proto
 from dynnet_ros.engine.plan.graph import all_graphs
 from dynnet_ros.settings import settings
 from dynnet_ros.swap.gemm_split import split_large_gemms
 from dynnet_ros.swap.swapin import ALIGN, HostArena, WeightReader, align_up
-from dynnet_ros.units import MB
 
 LOG = logging.getLogger(__name__)
 

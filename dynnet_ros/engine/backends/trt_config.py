@@ -15,9 +15,9 @@ import numpy as np
 import onnx
 from onnx import helper, shape_inference
 
+from dynnet_ros.bytesize import MB
 from dynnet_ros.engine.plan.memory_plan import lower_bound
 from dynnet_ros.settings import load_settings, settings
-from dynnet_ros.units import MB
 
 log = logging.getLogger(__name__)
 

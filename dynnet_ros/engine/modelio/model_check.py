@@ -18,8 +18,8 @@ from pathlib import Path
 
 import onnx
 
+from dynnet_ros.bytesize import MB
 from dynnet_ros.settings import settings
-from dynnet_ros.units import MB
 
 #: exit status of the checking child for an invalid model (any other failure: check in process)
 INVALID_MODEL_EXIT = 3

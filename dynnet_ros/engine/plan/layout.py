@@ -28,12 +28,12 @@ from pathlib import Path
 import onnx
 import onnxruntime as ort
 
+from dynnet_ros.bytesize import MB
 from dynnet_ros.engine.modelio.loader import load_skeleton, skeleton_bytes, source_path
 from dynnet_ros.engine.modelio.model_check import file_digest
 from dynnet_ros.engine.rdp.ops.ort_contrib import set_nchwc_block_size
 from dynnet_ros.hostcaps import host_caps
 from dynnet_ros.settings import settings
-from dynnet_ros.units import MB
 
 log = logging.getLogger(__name__)
 

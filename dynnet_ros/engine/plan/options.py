@@ -12,9 +12,9 @@ from typing import Any
 
 import onnxruntime as ort
 
+from dynnet_ros.bytesize import MB
 from dynnet_ros.engine.plan.cost_model import CostTable
 from dynnet_ros.settings import settings
-from dynnet_ros.units import MB
 
 
 @dataclass

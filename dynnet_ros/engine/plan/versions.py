@@ -15,8 +15,8 @@ from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
+from dynnet_ros.bytesize import MB
 from dynnet_ros.engine.plan.cache import LruCache
-from dynnet_ros.units import MB
 
 log = logging.getLogger(__name__)
 

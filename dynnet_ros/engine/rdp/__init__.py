@@ -7,7 +7,7 @@ from .analyze import analyze
 from .expr import Expr, eval_str, parse
 from .fixpoint import RDPWarning
 from .lattice import TensorInfo
-from .partition import Region
+from .regions import Region
 from .registry import CATEGORIES, REGISTRY
 from .result import AnalysisResult, SymbolInfo
 

@@ -17,7 +17,7 @@ from dynnet_ros.engine.modelio.models import ModelLike, is_dim_symbol, load_mode
 from .expr import Dim, Expr, floordiv, mul, substitute, sym
 from .fixpoint import GraphAnalyzer, derive_substitutions
 from .lattice import TensorInfo, nac, shaped
-from .partition import partition
+from .regions import find_regions
 from .result import AnalysisResult, SymbolInfo
 
 _usable = is_dim_symbol
@@ -197,7 +197,7 @@ def _analyze(model_or_path, input_shapes, divisors) -> AnalysisResult:
                 tensors[o] = res.state[o]
     kinds = {k: v.kind for k, v in tensors.items()}
     recs = [res.nodes[i] for i in res.order]
-    regions, node_region = partition(recs, kinds)
+    regions, node_region = find_regions(recs, kinds)
     aliases = {s: v for s, v in subst.items() if s in symbols and s not in pin_subst}
     alias_info = {s: symbols[s] for s in aliases}
     live_symbols = {s: info for s, info in symbols.items() if s not in aliases and s not in pin_subst}

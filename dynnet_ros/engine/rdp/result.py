@@ -8,7 +8,7 @@ from onnx import TensorProto
 
 from .expr import Dim, Expr, FDiv, Sym, evaluate, to_json_dim
 from .lattice import TensorInfo, value_json
-from .partition import Region
+from .regions import Region
 
 _INTLIKE = {TensorProto.INT64, TensorProto.INT32, TensorProto.INT16, TensorProto.INT8, TensorProto.UINT8,
             TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64, TensorProto.BOOL}

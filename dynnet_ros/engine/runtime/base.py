@@ -1,6 +1,6 @@
 """The executor protocol every backend implements, and the typed statistics it reports.
 
-Why a protocol: the Engine, its budget policy (swap/control.py) and the nodes call exactly these
+Why a protocol: the Engine, its budget policy (swap/budget_policy.py) and the nodes call exactly these
 methods and read exactly these fields, so a new backend (TensorRT, the mapper's stages) knows
 what it must provide and nothing is discovered at run time.
 """
@@ -65,7 +65,7 @@ class WindowStats:
     pinned_bytes: int            # weights never dropped (latest-used, when the allowance has room)
     resident_weight_bytes: int   # weights resident now
     peak_resident_bytes: int     # most weights resident at once
-    nonweight_bytes: int         # the engine's footprint besides weights at the input size (swap/calibration.py)
+    nonweight_bytes: int         # the engine's footprint besides weights at the input size (swap/footprint.py)
     min_budget_bytes: int        # smallest budget the window accepts now
     budget_bytes: int | None     # the budget in force (None: every weight resident)
     predicted_peak_bytes: int    # non-weight footprint + allowance

@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from dynnet_ros.bytesize import MB
 from dynnet_ros.engine.plan.arena import Arena, align
 from dynnet_ros.engine.plan.banded import BandedRunner, find_stem
 from dynnet_ros.engine.plan.cache import LruCache
@@ -39,7 +40,7 @@ from dynnet_ros.engine.plan.graph import GraphIndex, node_inputs, split_weights,
 from dynnet_ros.engine.plan.memory_plan import lower_bound, plan_offsets
 from dynnet_ros.engine.plan.options import PlannerOptions
 from dynnet_ros.engine.plan.ort_types import value_types
-from dynnet_ros.engine.plan.partition import Segment, describe_segment, partition, sink_small_nodes
+from dynnet_ros.engine.plan.segmentation import Segment, cut_segments, describe_segment, sink_small_nodes
 from dynnet_ros.engine.plan.shapes import ShapeSource, make_shape_source
 from dynnet_ros.engine.plan.simplify import simplify
 from dynnet_ros.engine.plan.versions import Version, VersionManager
@@ -60,7 +61,6 @@ from dynnet_ros.engine.runtime.segments import (
     segment_session_options,
 )
 from dynnet_ros.memtrim import pin_mmap_threshold, release_memory
-from dynnet_ros.units import MB
 
 log = logging.getLogger(__name__)
 
@@ -266,9 +266,9 @@ class PlannedExecutor:
         opts = self.options
 
         def cut(granularity: str) -> list[Segment]:
-            return partition(self.graph, self.order, self.reference_sizes, self.shape_source.dims,
-                             small_bytes=opts.small_bytes, granularity=granularity,
-                             category=self.shape_source.category)
+            return cut_segments(self.graph, self.order, self.reference_sizes, self.shape_source.dims,
+                                small_bytes=opts.small_bytes, granularity=granularity,
+                                category=self.shape_source.category)
 
         if opts.granularity != "choose":
             self.granularity = opts.granularity

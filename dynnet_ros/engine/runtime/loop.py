@@ -25,13 +25,13 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
+from dynnet_ros.bytesize import MB
 from dynnet_ros.engine.plan.arena import ALIGN, Arena, align
 from dynnet_ros.engine.plan.graph import GraphIndex, node_inputs
-from dynnet_ros.engine.plan.partition import Segment
+from dynnet_ros.engine.plan.segmentation import Segment
 from dynnet_ros.engine.runtime.control_flow import NestedExecutorFactory, branch_model
 from dynnet_ros.engine.runtime.ort_executor import default_threads
 from dynnet_ros.engine.runtime.segments import SegmentRunner
-from dynnet_ros.units import MB
 
 log = logging.getLogger(__name__)
 

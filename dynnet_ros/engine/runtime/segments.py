@@ -15,7 +15,7 @@ from dynnet_ros.engine.modelio.loader import external_data_dir, map_external
 from dynnet_ros.engine.modelio.ort_features import EXTERNAL_FOLDER_KEY, ort_features
 from dynnet_ros.engine.plan.graph import SHARED_WEIGHTS_LOCATION, GraphIndex, node_inputs
 from dynnet_ros.engine.plan.options import LEVELS, PlannerOptions
-from dynnet_ros.engine.plan.partition import Segment
+from dynnet_ros.engine.plan.segmentation import Segment
 from dynnet_ros.engine.runtime.ort_env import register_shared_arena, use_global_pool
 from dynnet_ros.engine.runtime.ort_executor import default_threads
 

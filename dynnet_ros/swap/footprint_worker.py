@@ -1,7 +1,7 @@
-"""Child-process entry of swap/calibration.py: one engine's footprint besides weights, measured
+"""Child-process entry of swap/footprint.py: one engine's footprint besides weights, measured
 in a clean process.
 
-``python -m dynnet_ros.swap.calibrate_worker REQUEST_JSON RESULT``. A fresh process because the
+``python -m dynnet_ros.swap.footprint_worker REQUEST_JSON RESULT``. A fresh process because the
 number must not depend on what the calling process holds (other engines, freed heap it would
 reuse, foreign allocations). It takes the RSS baseline after its imports (onnxruntime's module
 included) and before the engine is built, builds the streamed executor from the weight file,
@@ -23,7 +23,7 @@ from onnx import helper
 
 from dynnet_ros.memtrim import release_memory
 from dynnet_ros.procmem import reset_peak_rss, status_bytes
-from dynnet_ros.swap.calibration import Calibration, write_result
+from dynnet_ros.swap.footprint import Footprint, write_result
 from dynnet_ros.swap.streamed import StreamedExecutor
 from dynnet_ros.swap.weight_file import WeightFile
 
@@ -50,7 +50,7 @@ def rss_now() -> int:
         return int(handle.read().split()[1]) * PAGE_SIZE
 
 
-def measure(request: dict) -> Calibration:
+def measure(request: dict) -> Footprint:
     shapes = {name: tuple(int(d) for d in shape) for name, shape in request["shapes"].items()}
     release_memory()
     baseline = rss_now()
@@ -78,7 +78,7 @@ def measure(request: dict) -> Calibration:
             held = executor.planned.run(feeds)
         peak = status_bytes("VmHWM") - baseline - window.total_span
     del held
-    return Calibration(nonweight_bytes=max(0, executor.max_nonweight, peak),
+    return Footprint(nonweight_bytes=max(0, executor.max_nonweight, peak),
                        arena_bytes=int(executor.planned.arena_bytes_at(shapes) or 0),
                        min_stream_bytes=window.min_stream_bytes, weight_span=window.total_span)
 

@@ -10,7 +10,11 @@ import pytest
 
 from dynnet_ros.commands.map_inputs import scene_feeds
 from dynnet_ros.mapper.build import build_stages
-from dynnet_ros.mapper.calibration import (
+from dynnet_ros.mapper.hardware import load_hardware, parse_hardware
+from dynnet_ros.mapper.mapping import StageAssignment, StageMapping
+from dynnet_ros.mapper.partition import Partition, parse_partition
+from dynnet_ros.mapper.runtime import StageExecutor
+from dynnet_ros.mapper.runtime_costs import (
     Observation,
     contention_matters,
     fit_runtime_costs,
@@ -19,10 +23,6 @@ from dynnet_ros.mapper.calibration import (
     predict,
     time_parts,
 )
-from dynnet_ros.mapper.hardware import load_hardware, parse_hardware
-from dynnet_ros.mapper.mapping import StageAssignment, StageMapping
-from dynnet_ros.mapper.partition import Partition, parse_partition
-from dynnet_ros.mapper.runtime import StageExecutor
 from dynnet_ros.mapper.system_model import RuntimeCosts, Task, TaskGraph, chain_graph
 from dynnet_ros.zoo import ensure_model
 

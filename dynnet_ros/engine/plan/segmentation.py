@@ -73,9 +73,9 @@ def sink_small_nodes(graph: GraphIndex, order: Sequence[int], is_small: Callable
     return order
 
 
-def partition(graph: GraphIndex, order: Sequence[int], sizes: Mapping[str, int | None],
-              dims: Callable[[str], list | None], *, small_bytes: int = 64 * 1024,
-              granularity: str = "auto", category: Callable | None = None) -> list[Segment]:
+def cut_segments(graph: GraphIndex, order: Sequence[int], sizes: Mapping[str, int | None],
+                 dims: Callable[[str], list | None], *, small_bytes: int = 64 * 1024,
+                 granularity: str = "auto", category: Callable | None = None) -> list[Segment]:
     """Split ``order`` into contiguous segments.
 
     ``sizes``: bytes of each tensor at the planner's reference shape (None = not known there).

@@ -20,7 +20,7 @@ class Region:
         return {"index": self.index, "label": self.label, "nodes": list(self.nodes)}
 
 
-def partition(records, kinds: dict[str, str]) -> tuple[list[Region], dict[str, int]]:
+def find_regions(records, kinds: dict[str, str]) -> tuple[list[Region], dict[str, int]]:
     """records: NodeRecords in topological order; kinds: tensor name -> kind."""
     parent: dict[str, str] = {}
 

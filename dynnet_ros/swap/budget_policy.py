@@ -9,7 +9,7 @@ the policy sees the model through ``BudgetModel`` and the executor it is handed,
   only resize the window.
 * A budget is judged against the engine's own footprint at the input shapes (resident weights +
   what the engine holds besides them, measured once per model and shapes in a clean child
-  process: swap/calibration.py), never against the process's RSS: the minimum is the same in
+  process: swap/footprint.py), never against the process's RSS: the minimum is the same in
   every process and ``min_budget_mb`` is exactly the smallest budget accepted.
 * other backends: no budget (``None``) only; a budget is refused with the reason.
 * a budget below the model's minimum -> ValueError with the reason; the budget in force stays.
@@ -25,15 +25,15 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from dynnet_ros.bytesize import MB
 from dynnet_ros.engine.modelio.ort_features import ort_features
 from dynnet_ros.engine.rdp import RDPWarning, analyze
 from dynnet_ros.engine.rdp.solve import runnable_shapes
 from dynnet_ros.engine.runtime.base import Executor
 from dynnet_ros.memtrim import release_memory
-from dynnet_ros.swap.calibration import Calibration, load_or_measure, shapes_key
+from dynnet_ros.swap.footprint import Footprint, load_or_measure, shapes_key
 from dynnet_ros.swap.streamed import StreamedExecutor, predict_latency_ms, prepare_weight_file
 from dynnet_ros.swap.weight_file import StoreError, WeightFile
-from dynnet_ros.units import MB
 
 LOG = logging.getLogger(__name__)
 #: onnxruntime's per-process environment, for the estimates of backends that cannot stream
@@ -130,7 +130,7 @@ def inmemory_estimate_bytes(weight_bytes: int, arena_bytes: int | None) -> int:
     return weight_bytes + arena_bytes + PLANNED_BASE_BYTES
 
 
-class SwapControl:
+class SwapPolicy:
     """Picks and keeps the executor for the engine's budget (see the module docstring)."""
 
     def __init__(self, model: BudgetModel) -> None:
@@ -143,7 +143,7 @@ class SwapControl:
         self._weights: WeightFile | None = None  # the verified weight file, once a budget asked for streaming
         self._weights_error: str | None = None   # why the weights cannot be streamed
         self._rebuilt_reason: str | None = None
-        self._calibrations: dict[str, Calibration] = {}
+        self._calibrations: dict[str, Footprint] = {}
         #: last values of the model's small integer inputs (the engine records them): calibration
         #: feeds them instead of zeros, which may pick a control-flow path the model cannot run
         self.control_values: dict[str, list] = {}
@@ -176,7 +176,7 @@ class SwapControl:
                 LOG.warning("weight file rebuilt: %s", self._rebuilt_reason)
         return self._weights
 
-    def calibration(self, shapes: Shapes | None) -> Calibration:
+    def footprint(self, shapes: Shapes | None) -> Footprint:
         """The engine's footprint at ``shapes`` (None: the reference size); ValueError when the
         weights cannot be streamed or the model does not run at these shapes (at the reference
         size: naming the inputs whose shapes the engine needs to be given)."""
@@ -184,14 +184,14 @@ class SwapControl:
             if self.streamed is None:
                 self._weight_file()  # weights that cannot be streamed: that reason, not the shapes
             try:
-                return self._calibration(self.reference_shapes())
+                return self._footprint(self.reference_shapes())
             except ValueError as exc:
                 dynamic = ", ".join(repr(name) for name, declared in preferred_shapes(self.model.proto).items()
                                     if declared != self._declared_static(name))
                 raise ValueError(f"{exc} (no input size was given, and the reference size derived from the "
                                  f"declared dims and RDP's requirements is not one the model runs at: give "
                                  f"Engine(input_shapes=...) for {dynamic or 'its inputs'})") from exc
-        return self._calibration(shapes)
+        return self._footprint(shapes)
 
     def _declared_static(self, name: str) -> tuple[int, ...] | None:
         """The input's declared shape when every dim has a value (None: some dim is dynamic)."""
@@ -202,9 +202,9 @@ class SwapControl:
                     return tuple(int(d.dim_value) for d in dims)
         return None
 
-    def _calibration(self, shapes: Shapes) -> Calibration:
+    def _footprint(self, shapes: Shapes) -> Footprint:
         if self.streamed is not None:
-            return self.streamed.calibration(shapes)
+            return self.streamed.footprint(shapes)
         key = shapes_key(shapes)
         if key not in self._calibrations:
             self._calibrations[key] = load_or_measure(self._weight_file(), self.model.threads, shapes,
@@ -253,7 +253,7 @@ class SwapControl:
         budgets refer to (None: the reference size)."""
         try:  # before anything is closed: the weight file and the footprint at these shapes
             weights = self._weight_file()
-            calibration = self.calibration(given)
+            calibration = self.footprint(given)
             shapes = given or self.reference_shapes()
         except ValueError as exc:
             if budget is None:  # a swappable engine without a budget: run in memory
@@ -294,7 +294,7 @@ class SwapControl:
         stream (cpu), else estimated from the current executor's arena plan."""
         if self.model.backend == "cpu":
             try:
-                return self.calibration(shapes).inmemory_bytes()
+                return self.footprint(shapes).inmemory_bytes()
             except ValueError:
                 pass  # weights that cannot be streamed: estimated below
         if self._inmemory_estimate is None:
@@ -308,7 +308,7 @@ class SwapControl:
         process state); elsewhere, where no budget is accepted, the in-memory footprint."""
         if self.model.backend == "cpu":
             try:
-                return self.calibration(shapes).minimum_bytes() / MB
+                return self.footprint(shapes).minimum_bytes() / MB
             except ValueError:
                 pass  # weights that cannot be streamed: no budget is accepted
         return self.inmemory_bytes(current, shapes) / MB
@@ -342,7 +342,7 @@ class SwapControl:
             rows = [row for row in streamed.latency_table(inmemory, measured) if row[0] < inmemory / MB]
             return rows + [(inmemory / MB, measured)]
         try:
-            calibration = self.calibration(shapes)
+            calibration = self.footprint(shapes)
         except ValueError:
             return [(inmemory / MB, measured)]
         rows = []

@@ -8,7 +8,7 @@ So an engine's footprint is counted from what it holds:
 * its weights: the bytes resident in its own weight region (the window knows them exactly);
 * everything else it caused — the activation arena, the segment sessions, onnxruntime's
   environment and kernel scratch, the weightless graph — measured ONCE, in a clean child
-  process (``calibrate_worker.py``), at the input shapes it will run, with the smallest window.
+  process (``footprint_worker.py``), at the input shapes it will run, with the smallest window.
 
 The measurement is cached as JSON under the swap cache directory, keyed by everything it depends
 on: the weight file (model content, layout, split size), onnxruntime's version, the thread
@@ -30,10 +30,10 @@ from pathlib import Path
 
 import onnxruntime as ort
 
+from dynnet_ros.bytesize import MB
 from dynnet_ros.settings import settings
 from dynnet_ros.swap.swapin import huge_pages_available
 from dynnet_ros.swap.weight_file import WeightFile
-from dynnet_ros.units import MB
 
 #: bump when what the child measures changes (old entries are then measured again)
 CALIBRATION_VERSION = 2
@@ -45,7 +45,7 @@ Shapes = Mapping[str, tuple[int, ...]]
 
 
 @dataclass(frozen=True)
-class Calibration:
+class Footprint:
     """One engine's footprint at one set of input shapes, measured in a clean process."""
 
     nonweight_bytes: int      # max over the frames' segments of (RSS growth − resident weights)
@@ -81,8 +81,8 @@ def shapes_key(shapes: Shapes) -> str:
     return ";".join(f"{name}={'x'.join(str(int(d)) for d in shape)}" for name, shape in sorted(shapes.items()))
 
 
-def calibration_path(weights: WeightFile, threads: int | None, shapes: Shapes,
-                     root: str | os.PathLike | None = None, values: Mapping[str, list] | None = None) -> Path:
+def footprint_path(weights: WeightFile, threads: int | None, shapes: Shapes,
+                  root: str | os.PathLike | None = None, values: Mapping[str, list] | None = None) -> Path:
     """Where the measurement of ``weights`` at ``shapes`` (and ``values``) is cached (one JSON file)."""
     profile = settings().planner.profile
     fed = f":{json.dumps(dict(values), sort_keys=True)}" if values else ""
@@ -94,13 +94,13 @@ def calibration_path(weights: WeightFile, threads: int | None, shapes: Shapes,
 
 def load_or_measure(weights: WeightFile, threads: int | None, shapes: Shapes,
                     root: str | os.PathLike | None = None, timeout_s: float = 600,
-                    values: Mapping[str, list] | None = None) -> Calibration:
+                    values: Mapping[str, list] | None = None) -> Footprint:
     """The cached calibration of ``weights`` at ``shapes``, measured in a child process if missing.
 
     The child feeds zeros, except ``values``: the last values of the model's small integer
     inputs (a sample rate, a mode flag), which decide control flow where zeros would not run.
     ValueError when the model cannot run at these shapes (the child's reason)."""
-    path = calibration_path(weights, threads, shapes, root, values)
+    path = footprint_path(weights, threads, shapes, root, values)
     cached = _read(path)
     if cached is not None:
         return cached
@@ -117,21 +117,21 @@ def load_or_measure(weights: WeightFile, threads: int | None, shapes: Shapes,
         return _measure(path, weights, threads, shapes, timeout_s, values)
 
 
-def _read(path: Path) -> Calibration | None:
+def _read(path: Path) -> Footprint | None:
     try:
-        return Calibration(**json.loads(path.read_text())["calibration"])
+        return Footprint(**json.loads(path.read_text())["calibration"])
     except (OSError, ValueError, KeyError, TypeError):
         return None  # missing or unreadable: measured again
 
 
 def _measure(path: Path, weights: WeightFile, threads: int | None, shapes: Shapes, timeout_s: float,
-             values: Mapping[str, list] | None) -> Calibration:
+             values: Mapping[str, list] | None) -> Footprint:
     """Run the measuring child for ``shapes`` and store its result at ``path``."""
     request = {"weights": str(weights.directory), "threads": threads,
                "shapes": {name: list(shape) for name, shape in shapes.items()}, "values": dict(values or {})}
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     try:
-        proc = subprocess.run([sys.executable, "-m", "dynnet_ros.swap.calibrate_worker", json.dumps(request),
+        proc = subprocess.run([sys.executable, "-m", "dynnet_ros.swap.footprint_worker", json.dumps(request),
                                str(tmp)], capture_output=True, text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
         tmp.unlink(missing_ok=True)
@@ -146,10 +146,10 @@ def _measure(path: Path, weights: WeightFile, threads: int | None, shapes: Shape
         tmp.unlink(missing_ok=True)
         raise ValueError(f"the model does not run at {shapes_key(shapes)}: {result['error']}")
     os.replace(tmp, path)  # atomic: concurrent engines measuring the same key both end up valid
-    return Calibration(**result["calibration"])
+    return Footprint(**result["calibration"])
 
 
-def write_result(path: str | os.PathLike, calibration: Calibration, shapes: Shapes) -> None:
+def write_result(path: str | os.PathLike, calibration: Footprint, shapes: Shapes) -> None:
     """The child's answer (also the cache entry): the measurement and what it was taken at."""
     Path(path).write_text(json.dumps({"calibration": asdict(calibration), "shapes": shapes_key(shapes),
                                       "onnxruntime": ort.__version__,
