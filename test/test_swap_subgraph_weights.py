@@ -11,7 +11,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 
 from dynnet_ros.engine import Engine
-from dynnet_ros.swap.footprint import calibration_path
+from dynnet_ros.swap.footprint import footprint_path
 from dynnet_ros.swap.gemm_split import split_large_gemms
 
 
@@ -48,10 +48,10 @@ def test_a_budgeted_engine_streams_weights_read_only_by_if_branches(tmp_path, mo
 
 
 def test_control_values_key_their_own_calibration(tmp_path):
-    class File:  # what calibration_path reads of a weight file
+    class File:  # what footprint_path reads of a weight file
         directory = tmp_path / "weights"
     shapes = {"sr": (), "x": (1, 576)}
-    plain = calibration_path(File, 1, shapes, tmp_path)
-    assert calibration_path(File, 1, shapes, tmp_path, {}) == plain  # no values: the same entry as ever
-    at_16k = calibration_path(File, 1, shapes, tmp_path, {"sr": 16000})
-    assert at_16k != plain and at_16k != calibration_path(File, 1, shapes, tmp_path, {"sr": 8000})
+    plain = footprint_path(File, 1, shapes, tmp_path)
+    assert footprint_path(File, 1, shapes, tmp_path, {}) == plain  # no values: the same entry as ever
+    at_16k = footprint_path(File, 1, shapes, tmp_path, {"sr": 16000})
+    assert at_16k != plain and at_16k != footprint_path(File, 1, shapes, tmp_path, {"sr": 8000})
