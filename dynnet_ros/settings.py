@@ -54,6 +54,10 @@ VARIABLES: tuple[Variable, ...] = (
              "planner profile of the `cpu` backend: `auto` (least peak that runs within 1.05x onnxruntime's "
              "time, timed once per model file), `memory` (least peak, untimed) or `balanced` (fewer, larger "
              "sessions)"),
+    Variable("DYNNET_RDP_STRICT", "bool", "`0`",
+             "RDP: an internal error of a transfer function raises instead of making the node's outputs nac "
+             "(the test suite sets it, so such a bug fails a test; a serving process keeps the lenient nac and "
+             "logs a warning once per operator type)"),
     Variable("DYNNET_TRT_PRECISION", "choice", "`fp32`",
              "TensorRT precision: `fp32` (TF32 off), `tf32`, `fp16`, `int8` (Q/DQ models), `auto`"),
     Variable("DYNNET_TRT_DLA_CORE", "int", "unset", "`0`/`1`: ask for DLA0/DLA1 (Jetson); unset, `none` or `-1`: GPU"),
@@ -86,6 +90,7 @@ class CacheSettings:
 @dataclass(frozen=True)
 class PlannerSettings:
     profile: str         # one of PLAN_PROFILES
+    rdp_strict: bool     # a transfer function's internal error raises (analyze(strict=None) reads it)
 
 
 @dataclass(frozen=True)
@@ -189,7 +194,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
                             layout_dir=read.path("DYNNET_LAYOUT_DIR", home / "layout"),
                             swap_dir=read.path("DYNNET_SWAP_DIR", home / "swap"),
                             map_dir=read.path("DYNNET_MAP_DIR", home / "map")),
-        planner=PlannerSettings(profile=read.choice("DYNNET_PLAN_PROFILE", PLAN_PROFILES, "auto")),
+        planner=PlannerSettings(profile=read.choice("DYNNET_PLAN_PROFILE", PLAN_PROFILES, "auto"),
+                                rdp_strict=read.flag("DYNNET_RDP_STRICT", False)),
         tensorrt=TensorRTSettings(
             precision=read.choice("DYNNET_TRT_PRECISION", TRT_PRECISIONS, "fp32"),
             dla_core=None if dla is not None and dla.lower() in ("none", "-1")

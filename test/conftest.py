@@ -22,6 +22,9 @@ os.environ["ROS_DOMAIN_ID"] = os.environ["DYNNET_TEST_DOMAIN_ID"]
 # taken idle, so tests that check plans, arenas and budgets would depend on the load. The timed
 # choice has tests of its own (test_cut_timing.py), which set the profile themselves.
 os.environ.setdefault("DYNNET_PLAN_PROFILE", "memory")
+# RDP's strict mode: a transfer function that fails on its own raises instead of leaving nac, so a
+# bug in one fails the test that reaches it (serving processes keep the lenient nac and a warning).
+os.environ.setdefault("DYNNET_RDP_STRICT", "1")
 
 
 def pytest_configure(config):

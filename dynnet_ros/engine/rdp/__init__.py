@@ -5,11 +5,11 @@ whose ``to_json()`` follows the JSON described in docs/rdp.md.  Depends only on 
 """
 from .analyze import analyze
 from .expr import Expr, eval_str, parse
-from .fixpoint import RDPWarning
+from .fixpoint import RDPWarning, TransferError
 from .lattice import TensorInfo
 from .regions import Region
 from .registry import CATEGORIES, REGISTRY
 from .result import AnalysisResult, SymbolInfo
 
 __all__ = ["analyze", "AnalysisResult", "SymbolInfo", "TensorInfo", "Region", "Expr", "parse", "eval_str",
-           "RDPWarning", "REGISTRY", "CATEGORIES"]
+           "RDPWarning", "TransferError", "REGISTRY", "CATEGORIES"]

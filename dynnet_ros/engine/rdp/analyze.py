@@ -13,6 +13,7 @@ import onnx.inliner
 from onnx import ModelProto
 
 from dynnet_ros.engine.modelio.models import ModelLike, is_dim_symbol, load_model
+from dynnet_ros.settings import settings
 
 from .expr import Dim, Expr, floordiv, mul, substitute, sym
 from .fixpoint import GraphAnalyzer, derive_substitutions
@@ -52,7 +53,7 @@ DIVISORS_KEY = "dynnet.rdp.divisors"
 
 
 def analyze(model_or_path, input_shapes: Mapping[str, Sequence[int]] | None = None,
-            divisors: Mapping[str, int] | None = None) -> AnalysisResult:
+            divisors: Mapping[str, int] | None = None, *, strict: bool | None = None) -> AnalysisResult:
     """Rank/dimension propagation over an ONNX model.
 
     ``input_shapes`` pins input dims (``{"x": [1, 3, 480, 640]}``); other dims become
@@ -61,19 +62,25 @@ def analyze(model_or_path, input_shapes: Mapping[str, Sequence[int]] | None = No
     JSON) declares that a symbol is always a multiple of an int: RDP then writes the
     input dim as ``32*(H//32)`` so that floor and ceil divisions agree, and
     ``bind`` rejects sizes that break the promise.
+
+    ``strict``: a transfer function that fails on its own (a bug in RDP, not an invalid model)
+    raises ``TransferError``; lenient (the default where ``DYNNET_RDP_STRICT`` is unset), its
+    node's outputs are nac and the first failure per operator type is logged as a warning.
+    None: ``DYNNET_RDP_STRICT`` decides.
     """
     # the analysis allocates many small acyclic objects: the cyclic GC would only
     # re-scan them (half the time on 50k-node graphs), so pause it for the call
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _analyze(model_or_path, input_shapes, divisors)
+        return _analyze(model_or_path, input_shapes, divisors,
+                        settings().planner.rdp_strict if strict is None else strict)
     finally:
         if was_enabled:
             gc.enable()
 
 
-def _analyze(model_or_path, input_shapes, divisors) -> AnalysisResult:
+def _analyze(model_or_path, input_shapes, divisors, strict: bool) -> AnalysisResult:
     t0 = time.perf_counter()
     model = load_model(model_or_path, check=False, external_data=False)  # the graph, not the weights
     label = _label(model_or_path)
@@ -177,7 +184,7 @@ def _analyze(model_or_path, input_shapes, divisors) -> AnalysisResult:
                 inputs[name] = nac("model input without a shape", input_types[name])
             else:
                 inputs[name] = shaped(tuple(substitute(d, subst) for d in in_dims), input_types[name])
-        analyzer = GraphAnalyzer(opset, warned)
+        analyzer = GraphAnalyzer(opset, warned, strict=strict)
         res = analyzer.run(g, inputs)
         eliminable = {s: o for s, o in order.items() if s not in subst}
         new, _bad = derive_substitutions(res.constraints, eliminable)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import threading
 import warnings
 from collections import ChainMap
 from collections.abc import Mapping, MutableMapping
@@ -33,6 +34,27 @@ _GENERIC = {None, "unknown dimension", "input rank unknown", "missing input", "u
 
 class RDPWarning(UserWarning):
     """An operator RDP does not know (its outputs are nac)."""
+
+
+class TransferError(RuntimeError):
+    """A transfer function failed on its own (not a ``ShapeError`` about the model): a bug in RDP.
+
+    Raised only in strict mode (``analyze(strict=True)``, ``DYNNET_RDP_STRICT=1``); otherwise the
+    node's outputs become nac, which stays sound but hides the bug."""
+
+
+#: op types whose transfer failure was logged at WARNING in this process (lenient mode logs each
+#: op type once: a model with a thousand such nodes must not flood a serving node's log)
+_failed_ops: set[str] = set()
+_failed_lock = threading.Lock()
+
+
+def _first_failure(op_key: str) -> bool:
+    with _failed_lock:
+        if op_key in _failed_ops:
+            return False
+        _failed_ops.add(op_key)
+        return True
 
 
 @dataclass
@@ -149,8 +171,12 @@ def _implicit_inputs(node: NodeProto) -> list[str]:
 class GraphAnalyzer:
     """Forward transfer of one (sub)graph; reused for If/Loop/Scan bodies."""
 
-    def __init__(self, opset: int, warned: set[str] | None = None, subst: Mapping[str, Dim] | None = None):
+    def __init__(self, opset: int, warned: set[str] | None = None, subst: Mapping[str, Dim] | None = None,
+                 *, strict: bool = False):
+        """``strict``: a transfer function's internal error raises ``TransferError`` instead of
+        making the node's outputs nac."""
         self.opset = opset
+        self.strict = strict
         self.warned = warned if warned is not None else set()
         self.subst = dict(subst or {})
         self.unknown_ops: dict[str, int] = {}
@@ -206,7 +232,16 @@ class GraphAnalyzer:
             outs = list(opdef.fn(ctx))
         except ShapeError as exc:
             outs = [nac(f"{op} is invalid for the inferred shapes: {exc}") for _ in range(n_out)]
-        except Exception as exc:  # soundness: an internal failure is nac, never a crash
+        except TransferError:
+            raise  # a subgraph's node failed under strict mode: already names that node
+        except Exception as exc:  # soundness: an internal failure is nac, never a crash (unless strict)
+            if self.strict:
+                raise TransferError(f"RDP transfer function of {op} failed on node {name}: "
+                                    f"{type(exc).__name__}: {exc}") from exc
+            key = f"{domain or 'ai.onnx'}::{op}"
+            if _first_failure(key):
+                log.warning("RDP transfer function of %s failed (node %s; its outputs are nac, later failures "
+                            "of %s are logged at debug level): %s: %s", key, name, key, type(exc).__name__, exc)
             log.debug("RDP transfer of %s failed", name, exc_info=True)
             outs = [nac(f"{op} transfer failed: {type(exc).__name__}: {exc}") for _ in range(n_out)]
         outs = [self._sanitize(o, op) for o in outs[:n_out]]
