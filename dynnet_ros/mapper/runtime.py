@@ -172,7 +172,7 @@ class StageExecutor:
                                       for part in stage_parts(stage, stage_set.kind)])
             for unit_name, plan in self.plans.items():
                 self._workers[unit_name] = _UnitWorker(plan, self._run_task)
-        except BaseException:
+        except BaseException:  # any exit, interrupts included: workers and sessions close; re-raised
             self.close()
             raise
         self._started = time.perf_counter()

@@ -146,7 +146,7 @@ class ComponentHost:
         try:
             node = factory(context=self.context, cli_args=list(cli_args), use_global_arguments=False,
                            parameter_overrides=list(parameter_overrides))
-        except BaseException:
+        except BaseException:  # any exit, interrupts included; re-raised
             gc.collect()  # the half-built node's rcl handle goes with it, so it leaves the ROS graph
             raise
         component = Component(unique_id, plugin, node)
@@ -367,7 +367,7 @@ class Container:
         except ComponentError as exc:
             self._close()
             raise ValueError(str(exc)) from exc
-        except BaseException:
+        except BaseException:  # any exit, interrupts included: hosted nodes close; re-raised
             self._close()
             raise
         return self.hosted

@@ -71,7 +71,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; cached models are meant to be shared
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException:  # any exit, interrupts included: no partial file stays; re-raised
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise

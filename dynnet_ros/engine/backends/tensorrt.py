@@ -275,7 +275,7 @@ class TensorRTExecutor:
             self._switch = EngineSwitch(initial_samples(model, self.options), plan=self._plan, build=self._build,
                                         fallback=fallback or (lambda: OrtExecutor(model, threads=threads)),
                                         rebuild_on_miss=self.options.rebuild_on_miss)
-        except BaseException:
+        except BaseException:  # any exit, interrupts included: device memory is freed; re-raised
             self.close()
             raise
 
@@ -319,7 +319,7 @@ class TensorRTExecutor:
                     layers = _merge([r.layer_placement() for r in runners])
                     LOG.info("TensorRT DLA%s: %s", plan.placement.dla_core, layers.describe())
             parts = _PartsRunner(plan.profiles, runners)
-        except BaseException:
+        except BaseException:  # any exit, interrupts included: device memory is freed; re-raised
             for runner in runners:
                 runner.close()
             raise

@@ -165,7 +165,7 @@ class EngineCache:
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
             os.replace(tmp, target)
-        except BaseException:
+        except BaseException:  # any exit, interrupts included: no partial file stays; re-raised
             Path(tmp).unlink(missing_ok=True)
             raise
 

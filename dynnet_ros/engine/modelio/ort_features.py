@@ -9,6 +9,7 @@ against a reference computed without it, and the code falls back where a probe f
 """
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import threading
@@ -21,6 +22,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
+
+log = logging.getLogger(__name__)
 
 #: The session config key that tells onnxruntime where a model given as bytes keeps its weights.
 EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
@@ -86,7 +89,8 @@ def probe_external_data_folder() -> bool:
         options.add_session_config_entry(EXTERNAL_FOLDER_KEY, folder)
         try:
             got = _run(model, options, {"x": np.zeros((2, 3), np.float32)})
-        except Exception:  # noqa: BLE001 - onnxruntime raises its own types: the key is not honoured
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types: the key is not honoured
+            log.debug("onnxruntime does not honour %s: %s", EXTERNAL_FOLDER_KEY, exc)
             return False
     return bool(np.array_equal(got, weight))
 
@@ -104,7 +108,8 @@ def probe_initializer_by_reference() -> bool:
         session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
         weight[:] = 5.0
         got = session.run(None, {"x": np.zeros((2, 3), np.float32)})[0]
-    except Exception:  # noqa: BLE001 - onnxruntime raises its own types
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types
+        log.debug("onnxruntime refuses an initializer by reference: %s", exc)
         return False
     return bool(np.all(got == 5.0))
 
@@ -124,7 +129,8 @@ def probe_nchwc_fused_conv_sum() -> bool:
     try:
         want = _run(plain, _options(ort.GraphOptimizationLevel.ORT_DISABLE_ALL), feeds)
         got = _run(fused, _options(ort.GraphOptimizationLevel.ORT_ENABLE_ALL), feeds)
-    except Exception:  # noqa: BLE001 - onnxruntime raises its own types
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types
+        log.debug("onnxruntime cannot run FusedConv with a sum input: %s", exc)
         return False
     return bool(np.allclose(got, want, rtol=1e-4, atol=1e-4))
 

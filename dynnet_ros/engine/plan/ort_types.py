@@ -9,11 +9,14 @@ optimisations off: no weight is read, nothing is rewritten.
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 
 import onnx
 import onnxruntime as ort
 from onnx import helper
+
+log = logging.getLogger(__name__)
 
 #: onnxruntime's type names ("tensor(float)") -> ONNX element types
 _ELEM_TYPES: dict[str, int] = {f"tensor({name.lower()})": value
@@ -47,6 +50,8 @@ def ort_element_types(model: onnx.ModelProto, names: Iterable[str]) -> dict[str,
     options.log_severity_level = 3
     try:
         session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    except Exception:  # noqa: BLE001 - onnxruntime cannot load it: no types from here
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types: no types from here
+        log.info("onnxruntime cannot type %d tensor(s) of %s: %s", len(wanted), graph.name or "the model",
+                 str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
         return {}
     return {out.name: _ELEM_TYPES[out.type] for out in session.get_outputs() if out.type in _ELEM_TYPES}

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from onnx import GraphProto, NodeProto, TensorProto, numpy_helper
+from onnx.checker import ValidationError
 
 from . import ops  # noqa: F401 - registers every transfer function
 from .expr import Dim, Expr, Sym, exact_div, mul, sub, substitute
@@ -98,8 +99,9 @@ def initializer_info(init: TensorProto) -> TensorInfo:
             if vals is not None and arr is not None and arr.dtype.kind == "b":
                 vals = tuple(bool(x) for x in vals)
             return shaped(tuple(init.dims), init.data_type, vals)
-        except Exception:  # noqa: BLE001 - external data etc.: shape is still known
-            pass
+        except (ValueError, TypeError, KeyError, OSError, ValidationError) as exc:
+            # weights stored outside the model (not loaded) or malformed: the shape is still known
+            log.debug("no values for initializer %s: %s", init.name, exc)
     return shaped(tuple(init.dims), init.data_type)
 
 

@@ -81,7 +81,7 @@ def _schema_rules(domain: str, op_type: str, opset: int) -> tuple[tuple[str, int
     it allows or None); None when onnx has no schema for the op."""
     try:
         schema = onnx.defs.get_schema(op_type, opset, domain)
-    except Exception:  # noqa: BLE001 - no schema in onnx's library (contrib ops, custom domains)
+    except onnx.defs.SchemaError:  # no schema in onnx's library (contrib ops, custom domains)
         return None
     first_input: dict[str, int] = {}
     for index, formal in enumerate(schema.inputs):

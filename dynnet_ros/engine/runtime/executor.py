@@ -710,7 +710,7 @@ class PlannedExecutor:
             try:
                 run_segments(plan, self.arena, self.branch_runners, feeds, out, results, dynamic, graph_outputs,
                              hook)
-            except BaseException:
+            except BaseException:  # any exit, interrupts included: the hook's frame ends; re-raised
                 hook.abort()
                 raise
             hook.frame_end()

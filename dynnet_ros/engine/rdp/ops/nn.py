@@ -473,7 +473,7 @@ def _reduce_obj(arr, axes, fn, init, keep):
             if keep:
                 res = np.expand_dims(res, a)
         return np.asarray(res, dtype=object)
-    except Exception:  # noqa: BLE001 - a value we cannot fold just stays unknown
+    except (TypeError, ValueError, LookupError, ArithmeticError):  # a value that cannot fold stays unknown
         return None
 
 
