@@ -18,7 +18,6 @@ from dynnet_ros.mapper.search import (
     ExitTable,
     StageCosts,
     StageSpace,
-    exit_table,
     pick,
 )
 
@@ -110,9 +109,8 @@ def test_pick_rule_and_accuracy_drop():
 
 
 def test_exit_table_rates_and_accuracy():
-    table = exit_table([[np.array([[5.0, 0.0]]), np.array([[0.0, 1.0]])],
-                        [np.array([[0.0, 0.1]]), np.array([[0.0, 1.0]])]],
-                       confidence=lambda s, v: float(np.max(v)))
+    # frame 0 is confident at exit 0 (5.0) but wrong there; frame 1 is not (0.1) and goes on to the final exit
+    table = ExitTable(np.array([[5.0, 1.0], [0.1, 1.0]]), np.array([[False, True], [True, True]]))
     rates, accuracy = table.outcome([4.0])
     assert rates.tolist() == [0.5, 0.5]
     assert accuracy == 0.5          # frame 0 left early with argmax 0, the final exit says 1

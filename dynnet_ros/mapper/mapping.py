@@ -158,10 +158,3 @@ def check_stage_count(mapping: StageMapping, stages: int) -> None:
         raise ValueError(f"mapping file {mapping.source}: {len(mapping.stages)} stage entries for a model cut into "
                          f"{stages} stages; give one entry per stage")
 
-
-def default_mapping(hardware: Hardware, stages: int, threshold: float = 0.9) -> StageMapping:
-    """Stages dealt round-robin over the hardware's units, every early exit at ``threshold``."""
-    names = hardware.unit_names
-    entries = tuple(StageAssignment(names[i % len(names)], None, threshold if i < stages - 1 else None)
-                    for i in range(stages))
-    return StageMapping(hardware, Partition(), entries)

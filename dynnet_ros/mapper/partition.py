@@ -166,9 +166,3 @@ def _parse_width(raw: Any, where: str) -> WidthSpec:
         raise ValueError(f"{where}: 'output' must be an output name")
     return WidthSpec(stages, p_default, p_layers, reads_default, reads_layers, output)
 
-
-def single_stage_width(stages: int = 1) -> WidthSpec:
-    """Everything in the first stage (the identity split)."""
-    row = tuple([1.0] + [0.0] * (stages - 1))
-    return WidthSpec(stages, row, {}, tuple(tuple(0 for _ in range(stages)) for _ in range(stages)))
-

@@ -67,10 +67,6 @@ class FrameResult:
         return max(0.0, 1.0 - covered / total)
 
 
-class _Cancelled(Exception):
-    """A stage's frame was answered before the stage could run."""
-
-
 class _Frame:
     """The tensors, exits and answer of one frame; shared by the caller and the unit workers."""
 

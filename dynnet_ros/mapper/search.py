@@ -163,19 +163,6 @@ class ExitTable:
         return tuple(float(v) for v in np.unique(values)) + (NEVER,)
 
 
-def exit_table(exit_values: Sequence[Sequence[np.ndarray]], confidence: Callable[[int, np.ndarray], float],
-               labels: Sequence[int] | None = None) -> ExitTable:
-    """An ExitTable from each frame's exit outputs (frames × exits; each a logits array): the
-    confidence of exit s is ``confidence(s, values)``; an answer is the argmax, compared with the
-    final exit's (or ``labels``)."""
-    conf = np.array([[confidence(s, v) for s, v in enumerate(frame)] for frame in exit_values], dtype=float)
-    answers = np.array([[int(np.argmax(v)) for v in frame] for frame in exit_values])
-    reference = answers[:, -1] if labels is None else np.asarray(labels)
-    if len(reference) != len(answers):
-        raise ValueError(f"{len(reference)} labels for {len(answers)} calibration frames")
-    return ExitTable(conf, answers == reference[:, None])
-
-
 # ------------------------------------------------------------------------------------ stage space
 @dataclass(frozen=True)
 class StageCosts:

@@ -23,7 +23,6 @@ import onnxruntime as ort
 from dynnet_ros.engine.backends.tensorrt import TensorRTExecutor
 from dynnet_ros.engine.backends.trt_config import TrtOptions
 from dynnet_ros.engine.backends.trt_env import tensorrt_unavailable_reason
-from dynnet_ros.engine.rdp import eval_str
 from dynnet_ros.engine.runtime.base import Executor
 
 from .hardware import ComputeUnit
@@ -57,24 +56,6 @@ def dla_core_of(unit: ComputeUnit, dla_units: list[str]) -> int:
     position among the hardware's DLA units."""
     match = _DLA_INDEX.search(unit.name)
     return int(match.group(1)) if match else dla_units.index(unit.name)
-
-
-def stage_dim_values(model: onnx.ModelProto, dims_table: Mapping[str, str],
-                     bindings: Mapping[str, int]) -> dict[str, int]:
-    """Sizes of a stage's named input dims at the model's symbol ``bindings`` (H, W …)."""
-    values: dict[str, int] = {}
-    for value in model.graph.input:
-        for dim in value.type.tensor_type.shape.dim:
-            if dim.HasField("dim_param") and dim.dim_param:
-                name = dim.dim_param
-                if name in bindings:
-                    values[name] = int(bindings[name])
-                elif name in dims_table:
-                    value = eval_str(dims_table[name], dict(bindings))
-                    if value is None:
-                        raise ValueError(f"dim {name} = {dims_table[name]} cannot be evaluated at {dict(bindings)}")
-                    values[name] = int(value)
-    return values
 
 
 def plan_unit(unit: ComputeUnit, *, dla_units: list[str], trt_reason: str | None,

@@ -234,6 +234,3 @@ def _tensor_nbytes(tensor: onnx.TensorProto) -> int:
     except KeyError:  # UNDEFINED or a type onnx maps to no numpy dtype: no size to count
         return 0
 
-
-def big_initializer_names(model: onnx.ModelProto, min_bytes: int = 1024) -> list[str]:
-    return [t.name for t in model.graph.initializer if _is_big(t, min_bytes)]

@@ -208,10 +208,6 @@ def _atom_expr(a: Atom) -> Expr:
     return Expr((((a,), 1),))
 
 
-def is_dim(x) -> bool:
-    return isinstance(x, (int, Expr)) and not isinstance(x, bool)
-
-
 # Memo of symbolic arithmetic: networks repeat the same dims thousands of times.  Results
 # depend on bounds only through _UPPER, so the memo is used only while that is empty.
 _MEMO: dict = {}

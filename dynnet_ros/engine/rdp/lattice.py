@@ -133,6 +133,3 @@ def value_json(v: Any) -> Any:
         return int(v)
     return to_json_dim(v) if not isinstance(v, (str, bytes)) else (v if isinstance(v, str) else None)
 
-
-def is_known_value(t: TensorInfo | None) -> bool:
-    return t is not None and t.value is not None and all(v is not None for v in t.value)

@@ -15,7 +15,7 @@ import numpy as np
 from onnx import NodeProto, helper, numpy_helper
 
 from .expr import Dim, Expr, bounds
-from .lattice import TensorInfo, nac
+from .lattice import TensorInfo
 
 CATEGORIES = ("ISDO", "ISDOS", "ISVDOS", "EDO")
 
@@ -170,6 +170,3 @@ class Ctx:
     def fail(self, why: str) -> list:
         raise ShapeError(why)
 
-
-def nac_outputs(ctx: Ctx, reason: str) -> list:
-    return [nac(reason) for _ in range(ctx.n_out)]

@@ -52,11 +52,6 @@ def concrete(dims) -> tuple | None:
     return tuple(dims)
 
 
-def numel_of(dims) -> int | None:
-    c = concrete(dims)
-    return None if c is None else math.prod(c)
-
-
 def broadcast_dim(a: Dim, b: Dim, ctx: Ctx | None = None) -> Dim:
     """Sound multidirectional broadcast of one axis (None = nac)."""
     if a == b:
@@ -218,7 +213,3 @@ def cast_value(x, to: int):
         return None
     return None
 
-
-def out_dtype(ctx: Ctx, i: int = 0) -> int:
-    t = ctx.inp(i)
-    return t.dtype if t is not None else 0

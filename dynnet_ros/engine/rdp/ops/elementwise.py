@@ -14,7 +14,7 @@ from onnx import TensorProto
 from ..expr import Expr, Ratio, add, bounds, dmax, dmin, exact_div, floordiv, mul, ratio_floor, ratio_op, sub
 from ..lattice import TensorInfo, nac, shaped
 from ..registry import Ctx, register
-from ._util import FLOAT_TYPES, INT_TYPES, broadcast_reason, broadcast_shapes, cast_value, same_shape, value_elementwise
+from ._util import INT_TYPES, broadcast_reason, broadcast_shapes, cast_value, same_shape, value_elementwise
 
 UNARY_ISDOS = """Abs Acos Acosh Asin Asinh Atan Atanh Ceil Cos Cosh Elu Erf Exp Floor HardSigmoid HardSwish
 Identity IsInf IsNaN LeakyRelu Log Neg Not Reciprocal Relu Round Selu Shrink Sigmoid Sign Sin Sinh Softplus
@@ -251,6 +251,3 @@ def _round_float(v, dtype: int):
         return r
     return v
 
-
-def float_dtype(t: TensorInfo | None) -> bool:
-    return t is not None and t.dtype in FLOAT_TYPES
