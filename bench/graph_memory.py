@@ -11,8 +11,13 @@ config says (its component containers included). Also measured, in fresh interpr
 median of three): the import time and peak RSS of a model node's module, of what any model node
 needs at least (rclpy, numpy, onnxruntime) and of the CLI's module (what `dynnet --help` loads).
 
+``--alternate N`` runs both layouts N times each instead, alternating and swapping which goes
+first each round, and reports each output's median rate per layout and their ratio: on a
+machine shared with other jobs one run of each says more about the others' load than about the
+layout.
+
 Usage: python bench/graph_memory.py [--config FILE] [--layout config|processes] [--seconds 60]
-       [--window 20] [--json]
+       [--window 20] [--alternate N] [--json]
 Runs with its own ROS_DOMAIN_ID unless one is set, and ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST.
 """
 from __future__ import annotations
@@ -166,41 +171,111 @@ def config_for(layout: str, config: Path, directory: Path) -> Path:
     return path
 
 
+def run_graph(config: Path, layout: str, seconds: float, window: float) -> tuple[list[ProcessMemory], dict[str, float]]:
+    """Start ``config`` in ``layout`` under `dynnet up` in a namespace of its own, let it run
+    ``seconds``, count its outputs for ``window`` seconds, read its memory, stop it.
+    (memory per process, Hz per output topic without the namespace); SystemExit if it died."""
+    namespace = f"/graph_memory_{os.getpid()}_{time.monotonic_ns()}"
+    with tempfile.TemporaryDirectory(prefix="graph-memory-") as tmp:
+        layout_config = config_for(layout, config, Path(tmp))
+        log = (Path(tmp) / "up.log").open("w")
+        up = subprocess.Popen([sys.executable, "-m", "dynnet_ros.cli", "up", "--config", str(layout_config),
+                               "--namespace", namespace], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, start_new_session=True)
+        counter = RateCounter(namespace)
+        try:
+            time.sleep(seconds)
+            if up.poll() is not None:
+                print((Path(tmp) / "up.log").read_text()[-4000:], file=sys.stderr)
+                raise SystemExit(1)
+            counter.count(counter.outputs())
+            rates = counter.rates(window)
+            memory = graph_memory(up.pid)
+        finally:
+            counter.close()
+            stop_process_group(up, timeout=60.0)
+    return memory, {topic.removeprefix(namespace): hz for topic, hz in rates.items()}
+
+
+def alternate(config: Path, rounds: int, seconds: float, window: float) -> dict:
+    """Both layouts ``rounds`` times each, alternating and swapping which goes first every round
+    (config, processes, processes, config, ...), so that a load that drifts over the runs falls
+    on both alike: each output's median rate per layout and their ratio, and the median total PSS."""
+    runs: dict[str, list[tuple[list[ProcessMemory], dict[str, float]]]] = {"config": [], "processes": []}
+    for round_ in range(rounds):
+        for layout in (("config", "processes") if round_ % 2 == 0 else ("processes", "config")):
+            memory, rates = run_graph(config, layout, seconds, window)
+            runs[layout].append((memory, rates))
+            print(f"[round {round_ + 1}/{rounds}] {layout}: total PSS {sum(r.pss_mb for r in memory):.0f} MiB, "
+                  + ", ".join(f"{t} {hz:.2f} Hz" for t, hz in rates.items())
+                  + f" (load average {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
+    topics = sorted({topic for layout_runs in runs.values() for _, rates in layout_runs for topic in rates})
+    medians = {layout: {topic: statistics.median(rates.get(topic, 0.0) for _, rates in layout_runs)
+                        for topic in topics} for layout, layout_runs in runs.items()}
+    return {
+        "rounds": rounds, "seconds": seconds, "window_s": window,
+        "rates_hz": {layout: {topic: [rates.get(topic, 0.0) for _, rates in layout_runs] for topic in topics}
+                     for layout, layout_runs in runs.items()},
+        "median_rates_hz": medians,
+        "ratio_container_to_processes": {topic: (round(medians["config"][topic] / medians["processes"][topic], 3)
+                                                 if medians["processes"][topic] else None) for topic in topics},
+        "median_total_pss_mb": {layout: round(statistics.median(sum(r.pss_mb for r in memory)
+                                                                for memory, _ in layout_runs), 1)
+                                for layout, layout_runs in runs.items()},
+    }
+
+
+def print_alternate(result: dict) -> None:
+    print(f"both layouts {result['rounds']} times each, alternating; rates over {result['window_s']:.0f} s "
+          f"after {result['seconds']:.0f} s\n")
+    print("| output | container Hz (median) | processes Hz (median) | container / processes | "
+          "container runs | processes runs |\n|---|---|---|---|---|---|")
+    medians, ratios, runs = result["median_rates_hz"], result["ratio_container_to_processes"], result["rates_hz"]
+    for topic in medians["config"]:
+        ratio = "—" if ratios[topic] is None else f"{ratios[topic]:.2f}"
+        print(f"| {topic} | {medians['config'][topic]:.2f} | {medians['processes'][topic]:.2f} | {ratio} | "
+              f"{' / '.join(f'{hz:.2f}' for hz in runs['config'][topic])} | "
+              f"{' / '.join(f'{hz:.2f}' for hz in runs['processes'][topic])} |")
+    pss = result["median_total_pss_mb"]
+    print(f"\nmedian total PSS: container {pss['config']:.0f} MiB, processes {pss['processes']:.0f} MiB")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=default_config_path())
     parser.add_argument("--layout", choices=("config", "processes"), default="config")
     parser.add_argument("--seconds", type=float, default=60.0, help="run time before measuring")
     parser.add_argument("--window", type=float, default=20.0, help="seconds over which output rates are counted")
+    parser.add_argument("--alternate", type=int, default=0, metavar="N",
+                        help="run both layouts N times each, alternating, and report each output's median "
+                             "rate per layout and their ratio (instead of one run of --layout)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args()
+    if args.alternate < 0:
+        parser.error(f"--alternate must be >= 0, got {args.alternate}")
     os.environ.setdefault("ROS_DOMAIN_ID", str(50 + os.getpid() % 40))
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+
+    if args.alternate:
+        rclpy.init()
+        try:
+            result = alternate(args.config, args.alternate, args.seconds, args.window)
+        finally:
+            rclpy.shutdown()
+        if args.json:
+            print(json.dumps(result, indent=2))
+        else:
+            print_alternate(result)
+        return 0
 
     floor_import = import_cost("rclpy, numpy, onnxruntime")
     node_import = import_cost("dynnet_ros.nodes.lane_node")
     help_import = import_cost("dynnet_ros.cli")
-    namespace = f"/graph_memory_{os.getpid()}"
-    with tempfile.TemporaryDirectory(prefix="graph-memory-") as tmp:
-        config = config_for(args.layout, args.config, Path(tmp))
-        log = (Path(tmp) / "up.log").open("w")
-        up = subprocess.Popen([sys.executable, "-m", "dynnet_ros.cli", "up", "--config", str(config),
-                               "--namespace", namespace], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                              stdin=subprocess.DEVNULL, start_new_session=True)
-        rclpy.init()
-        counter = RateCounter(namespace)
-        try:
-            time.sleep(args.seconds)
-            if up.poll() is not None:
-                print((Path(tmp) / "up.log").read_text()[-4000:], file=sys.stderr)
-                return 1
-            counter.count(counter.outputs())
-            rates = counter.rates(args.window)
-            memory = graph_memory(up.pid)
-        finally:
-            counter.close()
-            rclpy.shutdown()
-            stop_process_group(up, timeout=60.0)
+    rclpy.init()
+    try:
+        memory, rates = run_graph(args.config, args.layout, args.seconds, args.window)
+    finally:
+        rclpy.shutdown()
     result = {
         "layout": args.layout, "seconds": args.seconds, "window_s": args.window,
         "processes": [asdict(row) for row in memory],
@@ -224,7 +299,7 @@ def main() -> int:
     print(f"| **total** | **{result['total_rss_mb']:.0f}** | **{result['total_pss_mb']:.0f}** |\n")
     print(f"| output | Hz (over {args.window:.0f} s) |\n|---|---|")
     for topic, hz in rates.items():
-        print(f"| {topic.removeprefix(namespace)} | {hz:.1f} |")
+        print(f"| {topic} | {hz:.1f} |")
     print(f"\nimport rclpy, numpy, onnxruntime: {floor_import[0]:.2f} s, peak RSS {floor_import[1]:.0f} MiB")
     print(f"import dynnet_ros.nodes.lane_node: {node_import[0]:.2f} s, peak RSS {node_import[1]:.0f} MiB")
     print(f"import dynnet_ros.cli: {help_import[0]:.2f} s, peak RSS {help_import[1]:.0f} MiB")

@@ -44,7 +44,8 @@ def _nodes(context, *args, **kwargs):
     """Resolve the launch arguments, then one launch_ros Node per process of `graph_processes`
     (the function `dynnet up` starts its processes from): a node of its own, or a component
     container started with its components file (``ros2 run dynnet_ros container --components
-    FILE``), so that launch's respawn brings the container back with all its nodes.
+    FILE --keep-values FILE``), so that launch's respawn brings the container back with all its
+    nodes and the values set on them at run time.
 
     Respawn uses what launch offers: a fixed ``respawn_delay`` (no doubling) and at most
     ``respawn_max_retries`` restarts over the whole launch (not per window); launch also restarts
@@ -69,7 +70,10 @@ def _nodes(context, *args, **kwargs):
 
 def _node(process: ProcessSpec, files: str) -> Node:
     if process.executable == CONTAINER:
-        arguments = process_arguments(process, write_process_files(process, files))
+        # launch respawns with this same command line: the container keeps its nodes' values set
+        # at run time in the kept-values file and starts them with those (nodes/kept_values.py)
+        kept = os.path.join(files, f"{process.name}.kept.yaml")
+        arguments = [*process_arguments(process, write_process_files(process, files)), "--keep-values", kept]
         parameters: list = []
     else:
         arguments, parameters = [], [process.parameters] if process.parameters else []

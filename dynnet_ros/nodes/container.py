@@ -12,6 +12,9 @@ Nodes come from two places:
   graph config's ``containers``): a YAML list of ``{plugin, ros_args}``, loaded in order at start.
   A node that fails to start fails the container (exit 1, the node named), as it would fail
   its own process: the supervisor's or launch's respawn then applies to the whole container.
+  ``--keep-values FILE`` (what vehicle.launch.py passes) keeps the values set on these nodes at
+  run time in FILE and starts them with those values when the same command runs again (a
+  launch respawn; kept_values.py says why).
 * ``~/_container/load_node``, ``unload_node`` and ``list_nodes`` (dynamic composition), served
   where the real ``composition_interfaces`` is importable: launch_ros's
   ``ComposableNodeContainer``/``LoadComposableNodes`` and ``ros2 component`` load nodes by plugin
@@ -50,6 +53,7 @@ from rclpy.utilities import remove_ros_args
 from dynnet_ros.graph_config import COMPONENTS, PACKAGE
 from dynnet_ros.nodes import diagnostics as diag
 from dynnet_ros.nodes.base import close_node, serve, steady_timer
+from dynnet_ros.nodes.kept_values import KeptValues
 
 #: entry-point group that maps plugin names (``package::Class``) to node classes
 COMPONENTS_GROUP = "dynnet_ros.components"
@@ -348,22 +352,30 @@ def read_components(path: Path) -> list[StaticComponent]:
 class Container:
     """What ``main`` serves: the container node, then the components file's nodes in order."""
 
-    def __init__(self, components: list[StaticComponent]) -> None:
+    def __init__(self, components: list[StaticComponent], kept: KeptValues | None = None) -> None:
         self.static = components
+        self.kept = kept
         self.node: ContainerNode | None = None
         self.host: ComponentHost | None = None
 
     def build(self, executor: Executor) -> Callable[[], list[Node]]:
         self.host = ComponentHost(executor, executor.context)
-        self.node = ContainerNode(self.host)
-        executor.add_node(self.node)
+        own = self.node = ContainerNode(self.host)
+        executor.add_node(own)
         try:
-            for component in self.static:
+            for index, component in enumerate(self.static):
                 factory = plugin_class(component.plugin.partition("::")[0], component.plugin)
+                overrides = self.kept.overrides(index, component.plugin) if self.kept is not None else []
                 try:
-                    self.host.load(factory, component.plugin, component.ros_args)
+                    loaded = self.host.load(factory, component.plugin, component.ros_args, overrides)
                 except ValueError as exc:
                     raise ValueError(f"{component.plugin} ({' '.join(component.ros_args)}): {exc}") from exc
+                if self.kept is not None:
+                    if overrides:
+                        own.get_logger().info(
+                            f"{loaded.node.get_fully_qualified_name()} started with the values set at run time "
+                            f"before this process restarted: {self.kept.describe(index, component.plugin)}")
+                    self.kept.watch(index, component.plugin, loaded.node)
         except ComponentError as exc:
             self._close()
             raise ValueError(str(exc)) from exc
@@ -393,6 +405,9 @@ def parse_arguments(argv: Sequence[str]) -> argparse.Namespace:
                                      "nodes in one process (docs/ros.md, 'Processes or containers')")
     parser.add_argument("--components", type=Path, default=None, metavar="FILE",
                         help="nodes to load at start: a YAML list of {plugin, ros_args}")
+    parser.add_argument("--keep-values", type=Path, default=None, metavar="FILE",
+                        help="keep the values set at run time on the --components nodes in FILE, and start "
+                             "them with the values FILE holds (a respawn running the same command again)")
     parser.add_argument("--threads", type=int, default=0, metavar="N",
                         help="executor threads (default: one per node given at start, plus one; at least 2)")
     options = parser.parse_args(list(argv))
@@ -409,7 +424,7 @@ def main(args: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"container: error: {exc}", file=sys.stderr, flush=True)
         return 1
-    container = Container(static)
+    container = Container(static, KeptValues(options.keep_values) if options.keep_values is not None else None)
     threads = options.threads or max(2, len(static) + 1)
     return serve("container", container.build, argv, threads=threads,
                  on_callback_error=container.on_callback_error)
