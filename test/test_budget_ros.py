@@ -89,9 +89,10 @@ def _graph_config(tmp_path: Path, memory_root: Path) -> Path:
 class Probe:
     """The test's own node: collects budget reports, profiles, diagnostics and output counts."""
 
-    def __init__(self, memory: FakeMemory) -> None:
+    def __init__(self, memory: FakeMemory, log: Path) -> None:
         self.node = rclpy.create_node("budget_test_probe")
         self.memory = memory
+        self.log = log  # the graph's output (dynnet up and its nodes), quoted when a wait times out
         self.reports: list[dict] = []
         self.profiles: dict[str, dict] = {}
         self.diags: dict[str, dict] = {}
@@ -133,8 +134,17 @@ class Probe:
                 return result
         if not fail:
             return None
-        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; "
-                             f"last report: {self.reports[-1] if self.reports else None}")
+        raise AssertionError(self.timed_out(timeout, what))
+
+    def timed_out(self, timeout: float, what: str) -> str:
+        """What a timed-out wait reports: the manager's last budget report, each model node's
+        last status and the tail of the graph's log (its nodes' warnings and errors included)."""
+        statuses = {n: self.diags.get(f"{n.rsplit('/', 1)[-1]}: {task} model")
+                    for n, task in zip(MODEL_NODES, ("lane", "pedestrian", "depth"))}
+        return (f"timed out after {timeout:.0f} s waiting for {what}; "
+                f"last report: {self.reports[-1] if self.reports else None}; "
+                f"model node statuses: {statuses}; output counts: {self.counts}\n"
+                f"graph log tail:\n{self.log.read_text()[-6000:]}")
 
     def spin_until_stable(self, value, hold_s: float, timeout: float, what: str):
         """Wait until ``value()`` is truthy and unchanged for ``hold_s`` seconds."""
@@ -147,8 +157,7 @@ class Probe:
                 current, since = now_value, time.monotonic()
             elif time.monotonic() - since >= hold_s:
                 return current
-        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; "
-                             f"last report: {self.reports[-1] if self.reports else None}")
+        raise AssertionError(self.timed_out(timeout, what))
 
     def spin_for(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -196,7 +205,7 @@ def graph(tmp_path_factory):
                                 cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
     rclpy.init()
-    probe = Probe(memory)
+    probe = Probe(memory, tmp / "graph.log")
     try:
         yield proc, probe, tmp / "graph.log"
     finally:
@@ -302,7 +311,8 @@ def test_budgets_follow_memory_pressure(graph):
         status = probe.node_status(n)
         received = float(status["values"]["frames_received"])
         dropped = float(status["values"]["frames_dropped"])
-        assert received > 0 and dropped <= 0.5 * received, f"{n}: {dropped:.0f} of {received:.0f} frames dropped"
+        assert received > 0 and dropped <= 0.5 * received, \
+            f"{n}: {dropped:.0f} of {received:.0f} frames dropped; its status: {status}\n{log.read_text()[-4000:]}"
     # The nodes report the budget in force in their profiles.
     probe.spin_until(lambda: all(probe.profiles[n]["budget_mb"] == pytest.approx(probe.acked()[n], abs=1e-3)
                                  for n in MODEL_NODES), STEP_S, "profiles to report the budgets in force")
