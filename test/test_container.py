@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 from _up import Up
-from _waiting import wait_for
+from _waiting import quoting, wait_for
 from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import Parameter as ParameterMsg
 from rclpy.parameter import Parameter, parameter_value_to_python
@@ -345,19 +345,21 @@ def test_a_composable_node_container_under_launch_loads_our_nodes_and_unloads_th
     reader = threading.Thread(target=lambda: lines.extend(line.rstrip("\n") for line in proc.stdout), daemon=True)
     reader.start()
     try:
-        wait_for(lambda: client.seen(f"{ns}/lane/composed_mask") >= 3 or proc.poll() is not None, 300,
-                 "lane masks from the composed lane node")
-        assert proc.poll() is None, "\n".join(lines[-80:])
-        assert any(f"Loaded node '{ns}/lane' in container '{ns}/perception'" in line for line in lines), lines[-80:]
-        assert client.parameter(f"{ns}/lane", "lane_threshold") == 0.6
-        listing = client.call("list")
-        assert list(listing.full_node_names) == [f"{ns}/sim", f"{ns}/lane"]
-        for unique_id, name in zip(listing.unique_ids, listing.full_node_names):
-            answer = client.call("unload", unique_id=unique_id)
-            assert answer.success, (name, answer.error_message)
-        wait_for(lambda: not {f"{ns}/sim", f"{ns}/lane"} & client.node_names(), 60, "both nodes gone from the graph")
-        assert list(client.call("list").unique_ids) == []
-        assert proc.poll() is None
+        with quoting(lambda: "\n".join(lines)):
+            wait_for(lambda: client.seen(f"{ns}/lane/composed_mask") >= 3 or proc.poll() is not None, 300,
+                     "lane masks from the composed lane node")
+            assert proc.poll() is None, "\n".join(lines[-80:])
+            assert any(f"Loaded node '{ns}/lane' in container '{ns}/perception'" in line for line in lines), lines[-80:]
+            assert client.parameter(f"{ns}/lane", "lane_threshold") == 0.6
+            listing = client.call("list")
+            assert list(listing.full_node_names) == [f"{ns}/sim", f"{ns}/lane"]
+            for unique_id, name in zip(listing.unique_ids, listing.full_node_names):
+                answer = client.call("unload", unique_id=unique_id)
+                assert answer.success, (name, answer.error_message)
+            wait_for(lambda: not {f"{ns}/sim", f"{ns}/lane"} & client.node_names(), 60,
+                     "both nodes gone from the graph")
+            assert list(client.call("list").unique_ids) == []
+            assert proc.poll() is None
     finally:
         client.close()
         if proc.poll() is None:

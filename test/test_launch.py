@@ -27,7 +27,7 @@ import numpy as np
 import psutil
 import pytest
 import yaml
-from _waiting import wait_for
+from _waiting import quoting, wait_for
 from rclpy.parameter import parameter_value_to_python
 from rclpy.parameter_client import AsyncParameterClient
 from rclpy.qos import qos_profile_sensor_data
@@ -277,52 +277,53 @@ def run_launch(env: dict[str, str], args: list[str], config: Path, use_sim: bool
         observer.watch(f"{namespace}/{topic}", kind)
     launch = Launch(env, args)
     try:
-        names = {f"{namespace}/{n.name}" for n in expected}
-        wait_for(lambda: names <= observer.nodes() or launch.proc.poll() is not None, 120, f"nodes {sorted(names)}")
-        assert launch.proc.poll() is None, launch.output()[-5000:]
-        others = {n.name for n in graph.nodes} - {n.name for n in expected}
-        assert not {f"{namespace}/{n}" for n in others} & observer.nodes(), "a sim node started with use_sim:=false"
+        with quoting(launch.output):
+            names = {f"{namespace}/{n.name}" for n in expected}
+            wait_for(lambda: names <= observer.nodes() or launch.proc.poll() is not None, 120, f"nodes {sorted(names)}")
+            assert launch.proc.poll() is None, launch.output()[-5000:]
+            others = {n.name for n in graph.nodes} - {n.name for n in expected}
+            assert not {f"{namespace}/{n}" for n in others} & observer.nodes(), "a sim node started with use_sim:=false"
 
-        # the YAML's parameters, read back through each node's parameter service; a running budget
-        # manager sets memory_budget_mb itself, so that one is the manager's, not the YAML's
-        managed = {"memory_budget_mb"} if any(n.executable == "budget_manager" for n in expected) else set()
-        for node in expected:
-            values = observer.parameters(f"{namespace}/{node.name}", list(node.parameters))
-            for name, value in node.parameters.items():
-                if name not in managed:
-                    assert same_value(values[name], value), (node.name, name, values[name], value)
+            # the YAML's parameters, read back through each node's parameter service; a running budget
+            # manager sets memory_budget_mb itself, so that one is the manager's, not the YAML's
+            managed = {"memory_budget_mb"} if any(n.executable == "budget_manager" for n in expected) else set()
+            for node in expected:
+                values = observer.parameters(f"{namespace}/{node.name}", list(node.parameters))
+                for name, value in node.parameters.items():
+                    if name not in managed:
+                        assert same_value(values[name], value), (node.name, name, values[name], value)
 
-        image = array_to_image(np.full((96, 128, 3), 90, np.uint8), "rgb8")
-        owners = {node.name: [t for t in outputs if t.split("/")[0] == node.name.removesuffix("_node")]
-                  for node in expected}
+            image = array_to_image(np.full((96, 128, 3), 90, np.uint8), "rgb8")
+            owners = {node.name: [t for t in outputs if t.split("/")[0] == node.name.removesuffix("_node")]
+                      for node in expected}
 
-        def outputs_flow(exclude: str | None = None) -> None:
-            """Every output (but ``exclude``'s) publishes again from here on."""
-            topics = [t for t in outputs if exclude is None or t not in owners.get(exclude, [])]
-            start = {t: observer.seen(f"{namespace}/{t}") for t in topics}
+            def outputs_flow(exclude: str | None = None) -> None:
+                """Every output (but ``exclude``'s) publishes again from here on."""
+                topics = [t for t in outputs if exclude is None or t not in owners.get(exclude, [])]
+                start = {t: observer.seen(f"{namespace}/{t}") for t in topics}
 
-            def fed() -> bool:
-                if feed:  # no simulator: this test is the camera
-                    observer.image_pub.publish(image)
-                return all(observer.seen(f"{namespace}/{t}") > start[t] for t in topics)
-            wait_for(fed, 180, f"outputs {sorted(topics)}", interval=0.5)
+                def fed() -> bool:
+                    if feed:  # no simulator: this test is the camera
+                        observer.image_pub.publish(image)
+                    return all(observer.seen(f"{namespace}/{t}") > start[t] for t in topics)
+                wait_for(fed, 180, f"outputs {sorted(topics)}", interval=0.5)
 
-        outputs_flow()
-        for node in expected:  # remappings and namespace, as the graph sees them
-            for src, dst in node.remappings.items():
-                assert f"{namespace}/{dst}" in observer.publishers(node.name)
-                assert f"{namespace}/{src}" not in observer.publishers(node.name)
+            outputs_flow()
+            for node in expected:  # remappings and namespace, as the graph sees them
+                for src, dst in node.remappings.items():
+                    assert f"{namespace}/{dst}" in observer.publishers(node.name)
+                    assert f"{namespace}/{src}" not in observer.publishers(node.name)
 
-        # the same processes `dynnet up` starts for these arguments
-        launched = [normalized_process(p.cmdline()) for p in launch.node_processes()]
-        runner = GraphRunner(graph, use_sim=use_sim, namespace=namespace)
-        try:
-            planned = [normalized_process(argv) for _, argv in runner.commands()]
-        finally:
-            runner.stop()
-        assert_same_processes(launched, planned)
-        if kill is not None:
-            check_respawn(launch, graph, kill, outputs_flow)
+            # the same processes `dynnet up` starts for these arguments
+            launched = [normalized_process(p.cmdline()) for p in launch.node_processes()]
+            runner = GraphRunner(graph, use_sim=use_sim, namespace=namespace)
+            try:
+                planned = [normalized_process(argv) for _, argv in runner.commands()]
+            finally:
+                runner.stop()
+            assert_same_processes(launched, planned)
+            if kill is not None:
+                check_respawn(launch, graph, kill, outputs_flow)
     finally:
         observer.close()
         code = launch.ctrl_c() if launch.proc.poll() is None else launch.proc.returncode

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _waiting import wait_for
+from _waiting import quoting, wait_for
 from rclpy.parameter import Parameter
 from rclpy.parameter_client import AsyncParameterClient
 from sensor_msgs.msg import Image
@@ -71,42 +71,41 @@ def test_launch_respawns_a_killed_container_with_its_nodes_run_time_values(insta
         observer.watch(f"{namespace}/{topic}", kind)
     launch = Launch(install, [f"config:={config}", f"namespace:={namespace}"])
 
-    def tail() -> str:
-        return launch.output()[-6000:]
-
     def outputs_flow(what: str) -> None:
         start = {t: observer.seen(f"{namespace}/{t}") for t in OUTPUTS}
         wait_for(lambda: all(observer.seen(f"{namespace}/{t}") >= start[t] + 2 for t in OUTPUTS)
                  or launch.proc.poll() is not None, 300, what, interval=0.5)
-        assert launch.proc.poll() is None, tail()
+        assert launch.proc.poll() is None
 
     try:
-        names = {f"{namespace}/{name}" for name in hosted}
-        wait_for(lambda: names <= observer.nodes() or launch.proc.poll() is not None, 240, f"nodes {sorted(names)}")
-        assert launch.proc.poll() is None, tail()
-        outputs_flow("every output from the first container")
-        for node, (name, value) in RUN_TIME.items():
-            set_parameter(observer, f"{namespace}/{node}", name, value)
+        with quoting(launch.output):
+            names = {f"{namespace}/{name}" for name in hosted}
+            wait_for(lambda: names <= observer.nodes() or launch.proc.poll() is not None, 240, f"nodes {sorted(names)}")
+            assert launch.proc.poll() is None
+            outputs_flow("every output from the first container")
+            for node, (name, value) in RUN_TIME.items():
+                set_parameter(observer, f"{namespace}/{node}", name, value)
 
-        first = node_pid(launch, CONTAINER)
-        assert first is not None, tail()
-        os.kill(first, signal.SIGKILL)
-        second = wait_for(lambda: (node_pid(launch, CONTAINER) or first) != first and node_pid(launch, CONTAINER),
-                          120, "the container respawned by launch")
-        assert len(died_lines(launch, CONTAINER)) == 1 and "exit code -9" in died_lines(launch, CONTAINER)[0], tail()
-        wait_for(lambda: names <= observer.nodes(), 240, f"nodes {sorted(names)} back")
-        outputs_flow("every output from the respawned container")
+            first = node_pid(launch, CONTAINER)
+            assert first is not None
+            os.kill(first, signal.SIGKILL)
+            second = wait_for(lambda: (node_pid(launch, CONTAINER) or first) != first and node_pid(launch, CONTAINER),
+                              120, "the container respawned by launch")
+            [died] = died_lines(launch, CONTAINER)
+            assert "exit code -9" in died
+            wait_for(lambda: names <= observer.nodes(), 240, f"nodes {sorted(names)} back")
+            outputs_flow("every output from the respawned container")
 
-        for node, (name, value) in RUN_TIME.items():
-            configured = {k: v for k, v in hosted[node].parameters.items() if k not in (name, "memory_budget_mb")}
-            got = observer.parameters(f"{namespace}/{node}", [name, *configured])
-            assert same_value(got[name], value), (node, name, got[name], tail())
-            for other, want in configured.items():  # the rest: the config's values
-                assert same_value(got[other], want), (node, other, got[other], want)
-        assert node_pid(launch, CONTAINER) == second  # one respawn: the restarted container kept running
-        restarted = [line for line in launch.lines if "started with the values set at run time" in line]
-        assert {node for node in RUN_TIME if any(f"{namespace}/{node} started" in line for line in restarted)} \
-            == set(RUN_TIME), tail()
+            for node, (name, value) in RUN_TIME.items():
+                configured = {k: v for k, v in hosted[node].parameters.items() if k not in (name, "memory_budget_mb")}
+                got = observer.parameters(f"{namespace}/{node}", [name, *configured])
+                assert same_value(got[name], value), (node, name, got[name])
+                for other, want in configured.items():  # the rest: the config's values
+                    assert same_value(got[other], want), (node, other, got[other], want)
+            assert node_pid(launch, CONTAINER) == second  # one respawn: the restarted container kept running
+            restarted = [line for line in launch.lines if "started with the values set at run time" in line]
+            assert {node for node in RUN_TIME if any(f"{namespace}/{node} started" in line for line in restarted)} \
+                == set(RUN_TIME)
     finally:
         observer.close()
         code = launch.ctrl_c() if launch.proc.poll() is None else launch.proc.returncode

@@ -16,11 +16,13 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import psutil
 import pytest
 import yaml
+from _waiting import quoting
 from _waiting import wait_for as _wait_for
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.parameter import Parameter, parameter_value_to_python
@@ -76,6 +78,7 @@ class Observer:
         self.image_pub = self.node.create_publisher(Image, NS + "/camera/image_raw", qos_profile_sensor_data)
         self.cloud_pub = self.node.create_publisher(PointCloud2, NS + "/lidar/points", qos_profile_sensor_data)
         self.clients: dict[str, AsyncParameterClient] = {}
+        self.output: Callable[[], str] = str  # the graph's log, quoted when a parameter call times out
         self.ros.start()
 
     def _recorder(self, topic: str):
@@ -109,7 +112,8 @@ class Observer:
         assert client.wait_for_services(timeout_sec=20.0), f"{node} parameter services not available"
         params = [Parameter(name, value=value) for name, value in values.items()]
         future = client.set_parameters(params)
-        wait_for(future.done, 30.0, f"set_parameters on {node}")
+        with quoting(self.output):
+            wait_for(future.done, 30.0, f"set_parameters on {node}")
         return future.result().results
 
     def set_params_atomically(self, node: str, **values):
@@ -118,7 +122,8 @@ class Observer:
         client = self.clients[node]
         assert client.wait_for_services(timeout_sec=20.0), f"{node} parameter services not available"
         future = client.set_parameters_atomically([Parameter(n, value=v) for n, v in values.items()])
-        wait_for(future.done, 30.0, f"set_parameters_atomically on {node}")
+        with quoting(self.output):
+            wait_for(future.done, 30.0, f"set_parameters_atomically on {node}")
         return future.result().result
 
     def get_param(self, node: str, name: str):
@@ -127,7 +132,8 @@ class Observer:
         client = self.clients[node]
         assert client.wait_for_services(timeout_sec=20.0)
         future = client.get_parameters([name])
-        wait_for(future.done, 30.0, f"get_parameters on {node}")
+        with quoting(self.output):
+            wait_for(future.done, 30.0, f"get_parameters on {node}")
         return parameter_value_to_python(future.result().values[0])
 
     def close(self) -> None:
@@ -158,6 +164,7 @@ def graph(tmp_path_factory):
                              "--namespace", NS],
                             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=dict(os.environ))
     observer = Observer()
+    observer.output = (tmp / "up.log").read_text
     try:
         wait_for(lambda: len(psutil.Process(proc.pid).children()) == len(PROCESSES) or proc.poll() is not None,
                  240, "dynnet up to start its nodes")  # includes measuring footprints on a cold cache
@@ -200,7 +207,8 @@ def test_outputs_follow_camera_resolution_and_carry_stamp_and_frame(graph):
             if stamp_key(msg.header) in camera:
                 assert camera[stamp_key(msg.header)] == (msg.width, msg.height), f"{topic} size != its camera frame's"
                 matched += 1
-        assert matched >= len(outputs) // 2 > 0, f"{topic}: only {matched}/{len(outputs)} stamps match camera frames"
+        assert matched >= len(outputs) // 2 > 0, (f"{topic}: only {matched}/{len(outputs)} stamps match the "
+                                                  f"{len(camera)} camera frames this test received")
     depth = image_to_array(obs.since("/depth/image", t0)[-1])
     assert depth.dtype == np.float32 and np.all(np.isfinite(depth)) and depth.max() > 0
     markers = obs.since("/pedestrian/markers", t0)
