@@ -129,12 +129,21 @@ class Probe:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             rclpy.spin_once(self.node, timeout_sec=0.05)
-            result = predicate()
+            result = self.check(predicate, what)
             if result:
                 return result
         if not fail:
             return None
         raise AssertionError(self.timed_out(timeout, what))
+
+    def check(self, predicate, what: str):
+        """``predicate()``; a model node missing from the manager's report (its profile late
+        beyond profile_timeout_s) fails with the report, the statuses and the log, not a bare KeyError."""
+        try:
+            return predicate()
+        except KeyError as exc:
+            raise AssertionError(f"{exc} missing while waiting for {what}: "
+                                 + self.timed_out(0.0, what).split("; ", 1)[1]) from exc
 
     def timed_out(self, timeout: float, what: str) -> str:
         """What a timed-out wait reports: the manager's last budget report, each model node's
@@ -152,7 +161,7 @@ class Probe:
         current, since = None, time.monotonic()
         while time.monotonic() < deadline:
             rclpy.spin_once(self.node, timeout_sec=0.1)
-            now_value = value()
+            now_value = self.check(value, what)
             if not now_value or now_value != current:
                 current, since = now_value, time.monotonic()
             elif time.monotonic() - since >= hold_s:
