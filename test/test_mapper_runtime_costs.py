@@ -2,6 +2,7 @@
 costs on hand-made cases, and a mapping measured in the stage runtime against its prediction."""
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -108,12 +109,15 @@ def test_measured_mappings_keep_the_predicted_order():
     every frame run to the last exit — measured in the stage runtime in one run (interleaved,
     min of N per frame): the measured order is the predicted one, and the slower mapping's ratio
     is within the stated band, a factor of 3 either way, of the predicted ratio. No wall-clock
-    threshold: both sides are ratios of one run."""
+    threshold: both sides are ratios of one run. The parts the prediction sums are timed in the
+    same rounds as the mappings, each side the min over every round: on a machine shared with
+    other jobs both sides then see the same load, where timed apart they would catch different
+    moments of it and the ratio would measure the load's change rather than the prediction."""
     hw = load_hardware("this-machine")
     model, frames = _frames()
     depth = build_stages(model, Partition())
     info = part_info(depth, frames[0])
-    parts = time_parts(info, hw, ["cpu0"], frames[0], repeats=3)
+    parts: dict[tuple[int, int, str], float] = {}
     early = StageMapping(hw, Partition(), (StageAssignment("cpu0", None, 0.0), StageAssignment("cpu0", None, 0.0),
                                            StageAssignment("cpu0")))
     full = StageMapping(hw, Partition(), (StageAssignment("cpu0", None, 2.0), StageAssignment("cpu0", None, 2.0),
@@ -122,6 +126,8 @@ def test_measured_mappings_keep_the_predicted_order():
     best = np.full((2, len(frames)), np.inf)
     try:
         for _ in range(5):
+            for key, ms in time_parts(info, hw, ["cpu0"], frames[0], repeats=3).items():
+                parts[key] = min(parts.get(key, np.inf), ms)
             for i, runner in enumerate(runners):
                 runner.run(frames[0])
                 for f, feeds in enumerate(frames):
@@ -139,4 +145,5 @@ def test_measured_mappings_keep_the_predicted_order():
     measured = best.mean(axis=1)
     assert predicted[1] > predicted[0] and measured[1] > measured[0]
     ratio = (measured[1] / measured[0]) / (predicted[1] / predicted[0])
-    assert 1 / 3 <= ratio <= 3
+    assert 1 / 3 <= ratio <= 3, (f"measured {measured * 1000} ms, predicted {predicted} ms, parts {parts} ms "
+                                 f"(load average {os.getloadavg()})")
