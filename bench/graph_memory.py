@@ -1,7 +1,7 @@
 """The running graph's own memory: RSS and PSS per process, every model output's rate, a node's imports.
 
 Starts the graph (`dynnet up`, config/vehicle.yaml by default) in a namespace of its own, lets it
-run ``--seconds``, counts every message each model node publishes for ``--window`` seconds (its
+run ``--seconds`` once every model node is on the graph, counts every message each model node publishes for ``--window`` seconds (its
 publishers found on the ROS graph, subscribed with sensor-data QoS), then reads RSS and PSS of
 the supervisor and every process below it from /proc/PID/smaps_rollup. PSS divides each shared
 page among the processes that map it, so the PSS column adds up to what the graph costs the
@@ -49,6 +49,8 @@ REPO = Path(__file__).resolve().parents[1]
 MODEL_NODES = ("lane_node", "pedestrian_node", "depth_node")
 #: topics every node has, or that carry the graph's bookkeeping rather than a model's output
 NOT_OUTPUTS = ("/rosout", "/parameter_events", "/diagnostics", "/dynnet/")
+#: how long a run waits for every model node to join the graph before its clock starts
+UP_TIMEOUT_S = 600.0
 IMPORT_PROBE = ("import resource, time; t = time.perf_counter(); import {module}; "
                 "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
 
@@ -107,6 +109,11 @@ class RateCounter:
         self.executor.add_node(self.node)
         self.thread = threading.Thread(target=self.executor.spin, daemon=True)
         self.thread.start()
+
+    def nodes_up(self) -> list[str]:
+        """The model nodes on the graph in this namespace."""
+        found = self.node.get_node_names_and_namespaces()
+        return [name for name in MODEL_NODES if (name, self.namespace) in found]
 
     def outputs(self) -> dict[str, str]:
         """topic -> type of what the model nodes publish, less the bookkeeping topics."""
@@ -184,9 +191,15 @@ def run_graph(config: Path, layout: str, seconds: float, window: float) -> tuple
                               stdin=subprocess.DEVNULL, start_new_session=True)
         counter = RateCounter(namespace)
         try:
+            # the clock starts once every model node is on the graph: on a cold cache `dynnet up`
+            # first sizes each model in a child process, for minutes on a loaded machine
+            deadline = time.monotonic() + UP_TIMEOUT_S
+            while len(counter.nodes_up()) < len(MODEL_NODES) and up.poll() is None and time.monotonic() < deadline:
+                time.sleep(1.0)
             time.sleep(seconds)
-            if up.poll() is not None:
-                print((Path(tmp) / "up.log").read_text()[-4000:], file=sys.stderr)
+            if up.poll() is not None or len(counter.nodes_up()) < len(MODEL_NODES):
+                print(f"the model nodes are not all up (on the graph: {counter.nodes_up()}); dynnet up says:\n"
+                      + (Path(tmp) / "up.log").read_text()[-4000:], file=sys.stderr)
                 raise SystemExit(1)
             counter.count(counter.outputs())
             rates = counter.rates(window)
@@ -244,7 +257,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=default_config_path())
     parser.add_argument("--layout", choices=("config", "processes"), default="config")
-    parser.add_argument("--seconds", type=float, default=60.0, help="run time before measuring")
+    parser.add_argument("--seconds", type=float, default=60.0,
+                        help="run time before measuring, from when every model node is on the graph")
     parser.add_argument("--window", type=float, default=20.0, help="seconds over which output rates are counted")
     parser.add_argument("--alternate", type=int, default=0, metavar="N",
                         help="run both layouts N times each, alternating, and report each output's median "
