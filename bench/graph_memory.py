@@ -1,8 +1,9 @@
 """The running graph's own memory: RSS and PSS per process, every model output's rate, a node's imports.
 
 Starts the graph (`dynnet up`, config/vehicle.yaml by default) in a namespace of its own, lets it
-run ``--seconds`` once every model node is on the graph, counts every message each model node publishes for ``--window`` seconds (its
-publishers found on the ROS graph, subscribed with sensor-data QoS), then reads RSS and PSS of
+run ``--seconds`` once every model node is on the graph, counts every message each model node
+publishes for ``--window`` seconds (its publishers found on the ROS graph, subscribed with
+sensor-data QoS), then reads RSS and PSS of
 the supervisor and every process below it from /proc/PID/smaps_rollup. PSS divides each shared
 page among the processes that map it, so the PSS column adds up to what the graph costs the
 machine; RSS counts shared libraries once per process. ``--layout processes`` runs every node in
