@@ -81,7 +81,7 @@ class VersionManager:
     def _install(self, signature: Hashable, future: Future) -> None:
         try:
             version = future.result()
-        except Exception as exc:  # noqa: BLE001 - any build failure (onnxruntime's own types included) keeps the generic plan
+        except Exception as exc:  # noqa: BLE001 - any failure to build leaves the generic plan
             log.warning("specialised version for %s failed: %s", signature, exc)
             self.failed += 1
             self.uses[signature] = -10**9  # do not retry this signature
