@@ -59,7 +59,8 @@ def feed_sequence(name: str, samples: int, seed: int) -> list[dict[str, np.ndarr
     their own feeds (test/_corpus.py), cycled to ``samples``."""
     rng = np.random.default_rng(seed)
     if name.startswith("zoo:"):
-        from dynnet_ros.commands.bench import ShapeSpec, make_feeds
+        from dynnet_ros.commands.bench import make_feeds
+        from dynnet_ros.commands.parsers.bench import ShapeSpec
         from dynnet_ros.engine.modelio.models import input_specs, load_model
         specs = input_specs(load_model(model_path(name), check=False, external_data=False))
         pairs = ShapeSpec(sides=tuple(range(224, 641, 32))).sequence(samples, seed)

@@ -1,9 +1,11 @@
 """The `dynnet` command: one sub-command per module in `dynnet_ros.commands`.
 
-Each command module defines ``NAME``, ``HELP``, ``add_arguments(parser)`` and
-``run(args) -> int``; ``commands.SUMMARIES`` lists them with their help line. Only the command
-being run (or asked for ``--help``) is imported: ``dynnet --help`` loads no command, and
-``dynnet up`` does not load the engine, the mapper or the other commands.
+Each command's arguments are ``commands/parsers/NAME.py`` (``NAME``, ``HELP``,
+``add_arguments(parser)``) and its implementation ``commands/NAME.py`` (``run(args) -> int``);
+``commands.SUMMARIES`` lists them with their help line. Only the parser of the command named is
+imported, and its implementation only when it runs: ``dynnet --help`` loads no command,
+``dynnet CMD --help`` none of CMD's machinery, and ``dynnet up`` does not load the engine, the
+mapper or the other commands.
 
 Errors take one path: argparse rejects what the argument types (``commands/arguments.py``)
 refuse, printing the sub-command's usage and one ``dynnet SUB: error: …`` line; what a command
@@ -18,12 +20,17 @@ import sys
 from types import ModuleType
 
 from dynnet_ros import commands
-from dynnet_ros.commands import CommandError
+from dynnet_ros.commands import CommandError, parsers
 
 
 def command_module(name: str) -> ModuleType:
-    """The module of sub-command ``name`` (one of ``commands.SUMMARIES``)."""
+    """The implementation of sub-command ``name`` (one of ``commands.SUMMARIES``): its ``run``."""
     return importlib.import_module(f"{commands.__name__}.{name}")
+
+
+def parser_module(name: str) -> ModuleType:
+    """The arguments of sub-command ``name``: its ``NAME``, ``HELP`` and ``add_arguments``."""
+    return importlib.import_module(f"{parsers.__name__}.{name}")
 
 
 class SubcommandParser(argparse.ArgumentParser):
@@ -40,8 +47,8 @@ class SubcommandParser(argparse.ArgumentParser):
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
-    """The CLI's parser. With ``argv``, only the command it names is imported and given its
-    arguments (the others are listed by their help line); without, every command is."""
+    """The CLI's parser. With ``argv``, only the parser of the command it names is imported and
+    given its arguments (the others are listed by their help line); without, every command's is."""
     parser = argparse.ArgumentParser(
         prog="dynnet",
         description="Analyse, plan, benchmark and run dynamic-shape DNNs under a memory budget (dynnet_ros).")
@@ -51,10 +58,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         if argv is not None and name != chosen:
             sub.add_parser(name, help=summary, description=summary)
             continue
-        module = command_module(name)
+        module = parser_module(name)
         cmd = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
         module.add_arguments(cmd)
-        cmd.set_defaults(_run=module.run)
+        cmd.set_defaults(_command=name)
     for command in command_parsers(parser):  # the innermost one parsed sets it last
         command.set_defaults(_prog=command.prog)
     return parser
@@ -85,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse has printed the usage and the error line (or the help)
         return exc.code if isinstance(exc.code, int) else 2
     try:
-        return int(args._run(args) or 0)
+        return int(command_module(args._command).run(args) or 0)
     except (CommandError, ValueError, OSError) as exc:
         print(error_line(args._prog, exc), file=sys.stderr)
         return 2

@@ -16,6 +16,7 @@ import textwrap
 import pytest
 
 from dynnet_ros import cli, commands
+from dynnet_ros.commands import parsers
 from dynnet_ros.zoo import ensure_model
 
 pytestmark = pytest.mark.graph
@@ -103,11 +104,32 @@ def test_dynnet_help_loads_no_command():
 
 def test_the_help_lines_are_the_commands_own():
     found = {}
-    for info in pkgutil.iter_modules(commands.__path__):
-        module = cli.command_module(info.name)
-        if hasattr(module, "NAME") and hasattr(module, "run") and "." not in module.NAME:
+    for info in pkgutil.iter_modules(parsers.__path__):
+        module = cli.parser_module(info.name)
+        if hasattr(module, "NAME"):
             found[module.NAME] = module.HELP
+            assert callable(cli.command_module(info.name).run)  # every parser has its implementation
     assert found == commands.SUMMARIES
+
+
+#: What no sub-command's ``--help`` loads: the engine's runtimes and model libraries, the
+#: mapper's search and cost model, plots, the terminal UI, ROS, the bag and live-view libraries.
+HELP_HEAVY = {"onnx", "onnxruntime", "ml_dtypes", "pymoo", "xgboost", "sklearn", "scipy", "matplotlib", "rich",
+              "rclpy", "rosbags", "foxglove", "PIL"}
+
+
+@pytest.mark.parametrize("command", sorted(commands.SUMMARIES))
+def test_a_commands_help_loads_none_of_its_machinery(command):
+    """`dynnet CMD --help` builds CMD's parser (nested actions included) and imports no implementation."""
+    argv = [command, "--help"]
+    modules = _help_modules(*argv)
+    heavy = _third_party(modules) & HELP_HEAVY
+    assert heavy == set(), f"dynnet {command} --help imported {sorted(heavy)}"
+    implementations = [m for m in modules if m.startswith("dynnet_ros.commands.")
+                       and not m.startswith(("dynnet_ros.commands.parsers", "dynnet_ros.commands.arguments",
+                                             "dynnet_ros.commands.basic_arguments",
+                                             "dynnet_ros.commands._map_arguments"))]
+    assert implementations == [], f"dynnet {command} --help imported {implementations}"
 
 
 SUPERVISOR_COMMANDS = {"dynnet_ros.commands.up", "dynnet_ros.commands.basic_arguments", "dynnet_ros.commands.preflight"}

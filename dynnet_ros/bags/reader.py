@@ -24,10 +24,10 @@ from typing import Any
 from rosbags.highlevel import AnyReader
 from rosbags.typesys import Stores, get_typestore
 
+from dynnet_ros.bags.forms import BAG_FORMS as BAG_FORMS
 from dynnet_ros.bags.topics import BagTopic, TopicPlan, plan_topics
 
 #: what the reader accepts, for error messages
-BAG_FORMS = "a rosbag2 directory (with metadata.yaml), a .db3 or .mcap file, or a ROS 1 .bag file"
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,10 @@ from rosbags.rosbag2 import StoragePlugin, Writer
 from rosbags.typesys import Stores, get_typestore
 from rosbags.typesys.store import Typestore
 
+from dynnet_ros.bags.forms import STORAGE_NAMES
 from dynnet_ros.bags.paths import check_output
 
-STORAGES = {"mcap": StoragePlugin.MCAP, "sqlite3": StoragePlugin.SQLITE3}
+STORAGES = dict(zip(STORAGE_NAMES, (StoragePlugin.MCAP, StoragePlugin.SQLITE3)))
 #: message definitions of the standard types (sensor_msgs, std_msgs, ...), as the ROS 2 wheels in .venv have them
 TYPESTORE_NAME = Stores.ROS2_KILTED
 _UNSET = QosTime(0, 0)

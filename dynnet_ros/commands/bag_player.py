@@ -31,6 +31,7 @@ from std_msgs.msg import String
 from dynnet_ros.bags.pacing import NS, Pacing, Step
 from dynnet_ros.bags.progress import FRAME_TYPES, FrameLedger, header_stamp_ns
 from dynnet_ros.bags.topics import TopicPlan
+from dynnet_ros.commands.parsers.replay import FRAME_WAIT_S
 from dynnet_ros.frame_reports import FRAMES_TOPIC, FrameOutcome
 from dynnet_ros.nodes.message_types import message_class
 
@@ -47,9 +48,6 @@ CLOCK_QOS = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE)
 #: how long the player waits, once the bag is played, for its reliable subscribers to acknowledge
 #: every message (``BagPlayer.wait_for_acks``)
 ACK_WAIT_S = 10.0
-#: how long a camera frame waits, at most, for the model nodes to finish the previous one (a node
-#: that crashed is restarted meanwhile); after that it goes out and the report shows the loss
-FRAME_WAIT_S = 60.0
 
 
 def ns_to_time(stamp_ns: int) -> tuple[int, int]:

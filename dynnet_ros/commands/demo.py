@@ -27,7 +27,6 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from dynnet_ros.commands import arguments
 from dynnet_ros.commands.demo_frames import FrameRecorder, render_montage
 from dynnet_ros.commands.replay import BackgroundReplay
 from dynnet_ros.commands.up import GraphRunner, StopRequest, load_config
@@ -35,27 +34,10 @@ from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.nodes.diagnostics import level_value, status_values
 from dynnet_ros.sim.scene import lidar_to_camera_xyzrpy
 
-NAME = "demo"
-HELP = "run the vehicle graph with the simulator (or on a bag) for a while; live table + demo-report/ (JSON, PNG)"
-
 MODEL_TASKS = ("lane", "pedestrian", "depth")
 #: the run's --duration counts from when every model node has processed a frame; a graph that
 #: gets there later than this (a model that never loads) ends the demo with status 1
 STARTUP_TIMEOUT_S = 240.0
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--duration", type=arguments.positive_float, default=30.0, metavar="S",
-                        help="seconds to run once every model node serves (default 30; starting the nodes "
-                             "comes first and is not counted)")
-    parser.add_argument("--report", type=arguments.output_dir, default=Path("demo-report"), help="report directory")
-    parser.add_argument("--config", type=arguments.existing_file, default=None,
-                        help="graph description (default: vehicle.yaml)")
-    parser.add_argument("--no-live", action="store_true", help="no live table (plain progress lines instead)")
-    parser.add_argument("--bag", default=None, metavar="BAG",
-                        help="play this bag in a loop instead of running the simulator (as `dynnet replay --loop`)")
-    parser.add_argument("--namespace", type=arguments.ros_namespace, default="", metavar="NS",
-                        help="run the graph under this ROS namespace (as `dynnet up --namespace`)")
 
 
 @dataclass

@@ -26,7 +26,6 @@ from dynnet_ros.perception.preprocess import Preprocess, PreprocessDefaults, Pre
 #: image files a directory of frames may hold (PNG read by matplotlib itself, the others through Pillow)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
 IMAGE_TYPE = "sensor_msgs/msg/Image"
-TASKS = ("auto", "detector", "segmenter", "classifier")
 
 
 def _rgb8(image: np.ndarray) -> np.ndarray:

@@ -7,16 +7,7 @@ import json
 from rich.console import Console
 from rich.table import Table
 
-from dynnet_ros.commands import CommandError, arguments
-
-ACTION = "show"
-HELP = "print a `dynnet map search --json` result: the pick, the baselines and the Pareto set"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("result", nargs="?", type=arguments.existing_file, default=None,
-                        help="the JSON `dynnet map search --json` wrote")
-    parser.add_argument("--limit", type=arguments.positive_int, default=20, help="Pareto rows shown (default 20)")
+from dynnet_ros.commands import CommandError
 
 
 def _row(table: Table, label: str, entry: dict) -> None:

@@ -9,27 +9,13 @@ from rich.console import Console
 from rich.table import Table
 
 from dynnet_ros.bytesize import MB
-from dynnet_ros.commands import _map_arguments, arguments
+from dynnet_ros.commands import _map_arguments
 from dynnet_ros.commands.map_inputs import scene_feeds
 from dynnet_ros.engine.modelio.models import load_model
 from dynnet_ros.mapper.advice import no_early_exit
 from dynnet_ros.mapper.build import build_stages
 from dynnet_ros.mapper.partition import Partition, load_partition
 from dynnet_ros.zoo import resolve_model_spec
-
-ACTION = "stages"
-HELP = "cut MODEL into stages (depth-wise at its exits, or width-wise by P and I) and write them to DIR"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    _map_arguments.add_model(parser)
-    parser.add_argument("--partition", type=arguments.existing_file, default=None, metavar="P.yaml",
-                        help="partition file (docs/mapper.md); default: depth-wise at the model's own exits")
-    parser.add_argument("--out", type=arguments.output_dir, default=None, metavar="DIR",
-                        help="directory for stage_<k>.onnx and stages.json (created; required)")
-    _map_arguments.add_scenes(parser, "--calibration", 32, (96, 128),
-                              "that fit a width split's probe exits and measure its agreement")
-    _map_arguments.add_json(parser, "the summary")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -33,17 +33,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from dynnet_ros.bags.pacing import Pacing, Step, loop_period_ns, paced_steps
 from dynnet_ros.bags.reader import BAG_FORMS, Bag
-from dynnet_ros.bags.topics import Remap, TopicPlan, parse_remap
+from dynnet_ros.bags.topics import Remap, TopicPlan
 from dynnet_ros.bags.writer import standard_typestore
-from dynnet_ros.commands import CommandError, arguments
-from dynnet_ros.commands.bag_player import ACK_WAIT_S, FRAME_WAIT_S, BagPlayer
+from dynnet_ros.commands import CommandError
+from dynnet_ros.commands.bag_player import ACK_WAIT_S, BagPlayer
 from dynnet_ros.commands.up import GraphRunner, StopRequest, load_config
 from dynnet_ros.graph_config import GraphConfig, ProcessSpec, fq_node_name, map_hosted, recorder_process
 from dynnet_ros.nodes.message_types import message_class
 from dynnet_ros.nodes.recording_graph import wait_for_recorder
-
-NAME = "replay"
-HELP = "play a rosbag2 (sqlite3/MCAP) or ROS 1 bag into the vehicle graph on the bag's time (/clock)"
 
 #: the model nodes' executables: they read the played sensor topics reliably and pace the camera frames
 MODEL_EXECUTABLES = ("lane_node", "pedestrian_node", "depth_node")
@@ -59,48 +56,6 @@ RECORDER_WAIT_S = 30.0
 #: how long playing waits for DDS to match the played topics' publishers with every subscription the
 #: graph shows (a topic nobody reads holds it this long)
 DISCOVERY_WAIT_S = 5.0
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("bag", nargs="?", default=None, metavar="BAG", help=f"the bag: {BAG_FORMS}")
-    parser.add_argument("--rate", type=arguments.positive_float, default=1.0, metavar="R",
-                        help="bag seconds per wall second (default 1; 0.5 = half speed)")
-    parser.add_argument("--loop", action="store_true", help="play the bag again and again until Ctrl-C")
-    parser.add_argument("--topics", nargs="+", default=None, metavar="T",
-                        help="play only these bag topics (default: every topic whose type ROS knows)")
-    parser.add_argument("--remap", nargs="+", type=remap_rule, default=[], metavar="FROM:=TO",
-                        help="publish bag topic FROM as TO (e.g. /front/image_raw:=/camera/image_raw)")
-    parser.add_argument("--config", type=arguments.existing_file, default=None,
-                        help="graph description (default: the package's config/vehicle.yaml)")
-    parser.add_argument("--namespace", type=arguments.ros_namespace, default="", metavar="NS",
-                        help="run the graph under NS and publish the bag's topics under it (/clock stays global)")
-    parser.add_argument("--no-graph", action="store_true",
-                        help="start no nodes: play into a graph that is already running")
-    parser.add_argument("--linger", type=arguments.positive_float, default=5.0, metavar="S",
-                        help="seconds the graph keeps running after the last message, /clock still advancing, "
-                             "so the nodes finish their last frames (default 5)")
-    parser.add_argument("--record", type=arguments.bag_output, default=None, metavar="OUT",
-                        help="record the played topics and every output of the graph on the bag's time: OUT.mcap = "
-                             "one MCAP file, any other name = a rosbag2 directory (docs/bags.md)")
-    parser.add_argument("--realtime", action="store_true",
-                        help="play on the bag's clock alone, as a live camera would: a frame a busy model node "
-                             "cannot take is dropped (and reported); default: each camera frame waits until every "
-                             "model node finished the previous one")
-    parser.add_argument("--frame-timeout", type=arguments.positive_float, default=FRAME_WAIT_S, metavar="S",
-                        help="how long a camera frame waits, at most, for the model nodes to finish the previous "
-                             f"one (default {FRAME_WAIT_S:g})")
-    parser.add_argument("--strict", action="store_true",
-                        help="exit with status 1 when a model node did not process every camera frame played")
-    parser.add_argument("--json", type=arguments.output_file, default=None, metavar="FILE",
-                        help="write what was played (messages per topic, passes, exit codes) as JSON")
-
-
-def remap_rule(text: str) -> Remap:
-    """``FROM:=TO`` (argparse type)."""
-    try:
-        return parse_remap(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def open_checked(path: str, topics: list[str] | None = None, remaps: tuple[Remap, ...] = (), namespace: str = "",

@@ -9,35 +9,14 @@ import onnx
 from rich.console import Console, JustifyMethod
 from rich.table import Table
 
-from dynnet_ros.commands import CommandError, arguments
+from dynnet_ros.commands import CommandError
 from dynnet_ros.engine.plan.layout import prepare as prepare_engine
 from dynnet_ros.swap.streamed import prepare as prepare_streaming
 from dynnet_ros.zoo import BUILDER_VERSION, MODEL_NAMES, build_model, ensure_model, zoo_dir
 from dynnet_ros.zoo.samples import measure_latency
 from dynnet_ros.zoo.stats import ModelStats, model_stats
 
-NAME = "zoo"
-HELP = "build the deterministic demo models (lane, pedestrian, depth, gated, multiexit) and show their size"
 _H, _W = 480, 640
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="zoo_command", required=True, metavar="ACTION")
-    build = sub.add_parser("build", help="build all models into the cache (or --out DIR)")
-    build.add_argument("--out", type=arguments.output_dir, default=None,
-                       help="output directory (default: $DYNNET_ZOO_DIR or ~/.cache/dynnet_ros/zoo)")
-    build.add_argument("--force", action="store_true", help="rebuild even when the cached files are current")
-    build.add_argument("--json", type=arguments.output_file, default=None, metavar="FILE",
-                       help="also write the table as JSON")
-    info = sub.add_parser("info", help="print params, weight MB and GFLOPs at 640x480 (builds in memory)")
-    info.add_argument("--json", type=arguments.output_file, default=None, metavar="FILE",
-                      help="also write the table as JSON")
-    info.add_argument("--latency", action="store_true",
-                      help="also measure onnxruntime CPU latency at 640x480 (median of --runs)")
-    info.add_argument("--threads", type=arguments.positive_int, default=2,
-                      help="intra-op threads for --latency (default 2)")
-    info.add_argument("--runs", type=arguments.positive_int, default=10,
-                      help="timed runs per model for --latency (default 10)")
 
 
 def _row(name: str, stats: ModelStats, path: Path | None) -> dict:

@@ -55,9 +55,20 @@ def _generated_module() -> ModuleType:
 
 
 if TYPE_CHECKING:
-    from onnx.onnx_ml_pb2 import (AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto,
-                                  OperatorSetIdProto, SparseTensorProto, StringStringEntryProto, TensorProto,
-                                  TensorShapeProto, TypeProto, ValueInfoProto)
+    from onnx.onnx_ml_pb2 import (
+        AttributeProto,
+        FunctionProto,
+        GraphProto,
+        ModelProto,
+        NodeProto,
+        OperatorSetIdProto,
+        SparseTensorProto,
+        StringStringEntryProto,
+        TensorProto,
+        TensorShapeProto,
+        TypeProto,
+        ValueInfoProto,
+    )
 else:
     _pb2 = _generated_module()
     AttributeProto = _pb2.AttributeProto

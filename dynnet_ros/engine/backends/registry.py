@@ -13,9 +13,6 @@ from dynnet_ros.engine.modelio.models import load_model
 from dynnet_ros.engine.runtime.base import Executor
 from dynnet_ros.engine.runtime.ort_executor import OrtExecutor
 
-#: Every backend ``create_executor`` knows, available here or not.
-BACKEND_NAMES: tuple[str, ...] = ("cpu", "ort", "tensorrt")
-
 
 def available_backends() -> dict[str, str | None]:
     """Backend name -> None when usable, else the reason it is not (TensorRT: tensorrt + pycuda
