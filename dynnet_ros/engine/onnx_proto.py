@@ -110,16 +110,17 @@ _TENSOR_TYPE_OF: dict[np.dtype, int] = {dtype: elem for elem, (dtype, _field) in
 _SIXTEEN_BIT = {TensorProto.FLOAT16, TensorProto.INT16, TensorProto.UINT16}
 
 
-def _onnx() -> ModuleType:
-    # onnx itself (its C++ extension and ml_dtypes): only for what numpy and protobuf alone cannot do
+def onnx_library() -> ModuleType:
+    """The ``onnx`` package itself, imported on first use: for what needs its C++ library (the
+    checker, shape inference, the function inliner, operator schemas) or ``ml_dtypes``."""
+    # onnx's C++ extension and ml_dtypes load here, in the processes and features that use them
     import onnx
+    import onnx.inliner
     return onnx
 
 
 def _onnx_numpy_helper() -> ModuleType:
-    # onnx's numpy_helper brings ml_dtypes: only for tensor types numpy lacks or external data
-    from onnx import numpy_helper
-    return numpy_helper
+    return onnx_library().numpy_helper
 
 
 # --- tensor types ---------------------------------------------------------------------------------
@@ -129,7 +130,7 @@ def tensor_dtype_to_np_dtype(tensor_dtype: int) -> np.dtype:
     native = NATIVE_TYPES.get(tensor_dtype)
     if native is not None:
         return native[0]
-    return _onnx().helper.tensor_dtype_to_np_dtype(tensor_dtype)
+    return onnx_library().helper.tensor_dtype_to_np_dtype(tensor_dtype)
 
 
 def np_dtype_to_tensor_dtype(np_dtype: np.dtype | type) -> int:
@@ -137,7 +138,7 @@ def np_dtype_to_tensor_dtype(np_dtype: np.dtype | type) -> int:
     found = _TENSOR_TYPE_OF.get(np.dtype(np_dtype))
     if found is not None:
         return found
-    return int(_onnx().helper.np_dtype_to_tensor_dtype(np.dtype(np_dtype)))
+    return int(onnx_library().helper.np_dtype_to_tensor_dtype(np.dtype(np_dtype)))
 
 
 def uses_external_data(tensor: TensorProto) -> bool:
@@ -192,7 +193,7 @@ def make_tensor(name: str, data_type: int, dims: Sequence[int], vals: Any, raw: 
     the values go to the element type's typed field."""
     native = NATIVE_TYPES.get(data_type)
     if native is None or data_type == TensorProto.STRING:
-        return _onnx().helper.make_tensor(name, data_type, dims, vals, raw)
+        return onnx_library().helper.make_tensor(name, data_type, dims, vals, raw)
     dtype, field = native
     tensor = TensorProto()
     tensor.data_type = data_type
@@ -366,7 +367,7 @@ def make_model(graph: GraphProto, **kwargs: Any) -> ModelProto:
     ``opset_imports`` onnx's own helper adds its newest default-domain opset."""
     opset_imports = kwargs.pop("opset_imports", None)
     if opset_imports is None:
-        return _onnx().helper.make_model(graph, **kwargs)
+        return onnx_library().helper.make_model(graph, **kwargs)
     model = ModelProto()
     model.ir_version = IR_VERSION
     model.graph.CopyFrom(graph)
@@ -404,6 +405,13 @@ def make_tensor_value_info(name: str, elem_type: int, shape: Sequence[int | str 
                            doc_string: str = "") -> ValueInfoProto:
     """A graph input/output/value-info entry of tensor type (``onnx.helper.make_tensor_value_info``)."""
     return make_value_info(name, make_tensor_type_proto(elem_type, shape), doc_string)
+
+
+def make_empty_tensor_value_info(name: str) -> ValueInfoProto:
+    """A value-info entry with a name and no type (``onnx.helper.make_empty_tensor_value_info``)."""
+    info = ValueInfoProto()
+    info.name = name
+    return info
 
 
 def make_value_info(name: str, type_proto: TypeProto, doc_string: str = "") -> ValueInfoProto:
@@ -444,7 +452,7 @@ def load(f: IO[bytes] | str | os.PathLike, load_external_data: bool = True) -> M
     if load_external_data and any(uses_external_data(t) for t in _all_tensors(model.graph)):
         path = getattr(f, "name", None) if hasattr(f, "read") else f
         base_dir = os.path.dirname(os.fspath(path)) if path else ""
-        _onnx().external_data_helper.load_external_data_for_model(model, base_dir)
+        onnx_library().external_data_helper.load_external_data_for_model(model, base_dir)
     return model
 
 
@@ -452,7 +460,7 @@ def save(model: ModelProto, f: IO[bytes] | str | os.PathLike) -> None:
     """Write ``model`` to a file or a binary stream (``onnx.save``). Tensors that are marked
     external but still hold their bytes are written beside it by onnx's own ``save``."""
     if any(uses_external_data(t) and t.HasField("raw_data") for t in _all_tensors(model.graph)):
-        _onnx().save(model, f)
+        onnx_library().save(model, f)
         return
     content = model.SerializeToString()
     if len(content) >= MAX_PROTO_BYTES:
