@@ -68,7 +68,11 @@ OPTIONAL_IMPORTS = ("tensorrt", "pycuda", "vision_msgs", "launch", "launch_ros",
                     # image codecs, loaded by a node's first compressed camera frame (or dynnet sim --compress)
                     "PIL", "simplejpeg",
                     # composable-node services, served by the container where a ROS install has them
-                    "composition_interfaces")
+                    "composition_interfaces",
+                    # onnx's C++ library (checker, shape inference, inliner, schemas) and ml_dtypes:
+                    # loaded by the features that use them; models are read with onnx's protobuf
+                    # classes alone (engine/modelio/onnx_proto.py)
+                    "onnx")
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
-import onnx
 
 from dynnet_ros.commands.map_inputs import scene_feeds
 from dynnet_ros.engine.modelio.models import input_specs, load_model
+from dynnet_ros.engine.modelio.onnx_proto import ModelProto
 from dynnet_ros.mapper.hardware import Hardware
 from dynnet_ros.mapper.profile_io import Profile, read_csv, to_csv
 from dynnet_ros.mapper.profiler import cache_key, profile_stage_set
@@ -17,14 +17,14 @@ from dynnet_ros.settings import settings
 from dynnet_ros.zoo import resolve_model_spec
 
 
-def model_stages(spec: str) -> tuple[str, onnx.ModelProto, StageSet]:
+def model_stages(spec: str) -> tuple[str, ModelProto, StageSet]:
     """(path, model, depth-wise stages at the model's exits)."""
     path = resolve_model_spec(spec)
     model = load_model(path)
     return path, model, depth_stages(model)
 
 
-def frames(model: onnx.ModelProto, size: tuple[int, int], count: int,
+def frames(model: ModelProto, size: tuple[int, int], count: int,
            npz: Path | None = None) -> list[dict[str, np.ndarray]]:
     """Calibration / measurement frames: an ``.npz`` (one array per model input, frames on the
     first axis), else ``count`` synthetic road scenes of mixed difficulty at ``size``."""

@@ -6,11 +6,11 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
-import onnx.defs
 from rich.console import Console
 from rich.table import Table
 
 from dynnet_ros.commands import CommandError, arguments
+from dynnet_ros.engine.modelio import onnx_proto
 from dynnet_ros.engine.rdp import analyze
 from dynnet_ros.engine.rdp.registry import CUSTOM, REGISTRY
 from dynnet_ros.zoo import resolve_model_spec
@@ -18,7 +18,7 @@ from dynnet_ros.zoo import resolve_model_spec
 
 def ops_table() -> list[dict]:
     versions: dict[str, list[int]] = {}
-    for s in onnx.defs.get_all_schemas_with_history():
+    for s in onnx_proto.onnx_library().defs.get_all_schemas_with_history():
         if s.domain == "":
             versions.setdefault(s.name, []).append(s.since_version)
     rows = []

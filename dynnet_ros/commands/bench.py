@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 from matplotlib.figure import Figure
 
@@ -25,6 +24,7 @@ from dynnet_ros.commands import CommandError
 from dynnet_ros.engine.backends.cpu_planned import create_planned_executor
 from dynnet_ros.engine.backends.registry import available_backends, load_for_backend
 from dynnet_ros.engine.engine import Engine
+from dynnet_ros.engine.modelio import onnx_proto
 from dynnet_ros.engine.modelio.models import input_specs, load_model
 from dynnet_ros.engine.runtime.ort_executor import default_threads, session_options
 from dynnet_ros.procmem import reset_peak_rss, status_bytes
@@ -168,7 +168,7 @@ def node_counts(model_path: str, threads: int | None) -> dict:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         options.optimized_model_filepath = str(Path(tmp, "opt.onnx"))
         ort.InferenceSession(model_path, sess_options=options, providers=["CPUExecutionProvider"])
-        ort_nodes = len(onnx.load(options.optimized_model_filepath, load_external_data=False).graph.node)
+        ort_nodes = len(onnx_proto.load(options.optimized_model_filepath, load_external_data=False).graph.node)
     return {"original": len(skeleton.graph.node), "ours_executed": executed, "layout": layout,
             "ort_extended": ort_nodes, "simplify": report.to_json() if report is not None else None}
 

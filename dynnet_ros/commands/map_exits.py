@@ -6,12 +6,12 @@ import argparse
 import json
 from pathlib import Path
 
-import onnx
 from rich.console import Console
 from rich.table import Table
 
 from dynnet_ros.commands import CommandError, _map_arguments
 from dynnet_ros.commands.exit_frames import exit_inputs, read_frames
+from dynnet_ros.engine.modelio import onnx_proto
 from dynnet_ros.engine.modelio.models import load_model
 from dynnet_ros.engine.rdp import analyze
 from dynnet_ros.mapper.exit_heads import learn_exits
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
                                   held_out=args.held_out, progress=lambda text: status.update(text + " …"))
         except ValueError as exc:
             raise CommandError(str(exc)) from None
-        onnx.save(learned.model, str(args.out))
+        onnx_proto.save(learned.model, str(args.out))
     table = Table(title=f"exits on {learned.held_out_frames} held-out frames ({learned.train_frames} fitted) "
                         f"-> {args.out}")
     for col in ("exit", "reads", "FLOPs before", "hands on MB", "agrees", "at ≥ 99 %", "at ≥ 95 %"):

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import onnx
 
 from dynnet_ros.engine.modelio.models import input_specs
+from dynnet_ros.engine.modelio.onnx_proto import ModelProto
 from dynnet_ros.sim.scene import make_scene, render_camera
 
 LIDAR_HIT_RATE = 0.02
@@ -34,7 +34,7 @@ def scene_image(index: int, height: int, width: int) -> tuple[np.ndarray, np.nda
     return np.ascontiguousarray(image), finite[None, None]
 
 
-def scene_feeds(model: onnx.ModelProto, count: int, height: int, width: int) -> Iterator[dict[str, np.ndarray]]:
+def scene_feeds(model: ModelProto, count: int, height: int, width: int) -> Iterator[dict[str, np.ndarray]]:
     """``count`` feeds for ``model``: the scene image for a [1,3,H,W] input, sparse LiDAR depth for a
     [1,1,H,W] one, the zoo detector's thresholds for its [1] inputs."""
     specs = input_specs(model)
@@ -57,7 +57,7 @@ def scene_feeds(model: onnx.ModelProto, count: int, height: int, width: int) -> 
         yield feed
 
 
-def npz_feeds(paths: list[Path], model: onnx.ModelProto) -> list[dict[str, np.ndarray]]:
+def npz_feeds(paths: list[Path], model: ModelProto) -> list[dict[str, np.ndarray]]:
     """One feed per ``.npz`` file, keyed by the model's input names; ValueError naming what is missing."""
     names = [spec.name for spec in input_specs(model)]
     feeds = []

@@ -8,7 +8,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import onnx
 import onnxruntime as ort
 
 from dynnet_ros.bytesize import MB
@@ -16,6 +15,7 @@ from dynnet_ros.commands import arguments
 from dynnet_ros.engine.backends.cpu_planned import create_planned_executor, timed_point
 from dynnet_ros.engine.backends.cut_verdict import cut_verdict
 from dynnet_ros.engine.backends.registry import load_for_backend
+from dynnet_ros.engine.modelio import onnx_proto
 from dynnet_ros.engine.plan.graph import node_name
 from dynnet_ros.engine.plan.memory_plan import greedy_by_size
 from dynnet_ros.engine.plan.options import plan_profile
@@ -91,7 +91,7 @@ def _ort_extended_nodes(path: str) -> int | None:
         options.log_severity_level = 3
         try:
             ort.InferenceSession(path, sess_options=options, providers=["CPUExecutionProvider"])
-            return len(onnx.load(options.optimized_model_filepath, load_external_data=False).graph.node)
+            return len(onnx_proto.load(options.optimized_model_filepath, load_external_data=False).graph.node)
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types; the comparison is optional
             print(f"onnxruntime's optimised graph is not counted: {type(exc).__name__}: {exc}", file=sys.stderr)
             return None

@@ -5,11 +5,11 @@ import argparse
 import json
 from pathlib import Path
 
-import onnx
 from rich.console import Console, JustifyMethod
 from rich.table import Table
 
 from dynnet_ros.commands import CommandError
+from dynnet_ros.engine.modelio import onnx_proto
 from dynnet_ros.engine.plan.layout import prepare as prepare_engine
 from dynnet_ros.swap.streamed import prepare as prepare_streaming
 from dynnet_ros.zoo import BUILDER_VERSION, MODEL_NAMES, build_model, ensure_model, zoo_dir
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
                 path = ensure_model(name, out, force=args.force)
             except OSError as exc:
                 raise CommandError(f"cannot write {name} model to {out}: {exc}") from exc
-            rows.append(_row(name, model_stats(onnx.load(path)), path))
+            rows.append(_row(name, model_stats(onnx_proto.load(path)), path))
             prepare_engine(path)  # checker verdict + NCHWc layout cached: a node's first start is quick
             prepare_streaming(path)  # the weight file a budget streams from
         title = f"dynnet zoo ({out}, builder {BUILDER_VERSION})"

@@ -13,7 +13,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 
 from dynnet_ros.bytesize import MB
@@ -28,6 +27,7 @@ from dynnet_ros.engine.modelio.models import (
     output_names,
     weight_bytes,
 )
+from dynnet_ros.engine.modelio.onnx_proto import ModelProto
 from dynnet_ros.engine.reference import ORT_RUN_ERRORS, ReferenceRunner, plain_only_reason, refused
 from dynnet_ros.engine.runtime.base import OVER_BUDGET_POLICIES, Executor, ExecutorStats, OverBudget, WindowStats
 from dynnet_ros.engine.runtime.ort_executor import OrtExecutor
@@ -148,7 +148,7 @@ class Engine:
         self.model_path = None if not isinstance(model, (str, bytes)) and not hasattr(model, "__fspath__") \
             else str(model)
         # planned cpu: weightless graph, weights stay in the file
-        self._proto: onnx.ModelProto | None = load_for_backend(backend, model)
+        self._proto: ModelProto | None = load_for_backend(backend, model)
         self.inputs: list[InputSpec] = input_specs(self.proto)
         self.defaults: list[InputSpec] = default_specs(self.proto)  # inputs an initializer gives a value
         self._check_feeds = FeedCheck(self.inputs, self.defaults)
@@ -194,7 +194,7 @@ class Engine:
             raise
 
     @property
-    def proto(self) -> onnx.ModelProto:
+    def proto(self) -> ModelProto:
         """The engine's graph (for the planned cpu backend and a model file: weightless, its
         weights are references into the file), read from the file again if it was dropped."""
         proto = self._proto

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import onnx
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from dynnet_ros.engine.modelio.models import InputSpec
+from dynnet_ros.engine.modelio.onnx_proto import ModelProto
 from dynnet_ros.engine.runtime.ort_executor import OrtExecutor
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ def refused(feeds: Mapping[str, Any], exc: BaseException) -> ValueError:
 class ReferenceRunner:
     """One plain onnxruntime session over the source model, built on first use."""
 
-    def __init__(self, source: onnx.ModelProto | str, threads: int | None) -> None:
+    def __init__(self, source: ModelProto | str, threads: int | None) -> None:
         """``source``: the model file's path (onnxruntime reads it) or the full in-memory model."""
         self._source = source
         self._threads = threads

@@ -35,11 +35,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
 
+from dynnet_ros.engine.modelio import onnx_proto
 from dynnet_ros.engine.modelio.models import load_model
+from dynnet_ros.engine.modelio.onnx_proto import (
+    ModelProto,
+    NodeProto,
+    TensorProto,
+    from_array,
+    make_empty_tensor_value_info,
+    make_node,
+    make_tensor,
+)
 from dynnet_ros.engine.rdp import AnalysisResult
 
 from .exits import METADATA_KEY, ExitSpec, exits_metadata, model_exits
@@ -129,7 +137,7 @@ def agrees(task: ExitTask, answer: np.ndarray, final: np.ndarray) -> bool:
 
 
 # ------------------------------------------------------------------------------------ cut points
-def cut_points(model: onnx.ModelProto, rdp: AnalysisResult, feed: Mapping[str, np.ndarray]) -> list[CutPoint]:
+def cut_points(model: ModelProto, rdp: AnalysisResult, feed: Mapping[str, np.ndarray]) -> list[CutPoint]:
     """Every float NCHW tensor a head could read where a depth-wise cut is legal (RDP proves the
     shape of each tensor the cut hands on) and keeps the model's rounding (no tensor handed on sits
     between two ops onnxruntime fuses), in graph order, measured at ``feed``'s size."""
@@ -147,7 +155,7 @@ def cut_points(model: onnx.ModelProto, rdp: AnalysisResult, feed: Mapping[str, n
             consumers.setdefault(name, []).append(i)
     float_types = {TensorProto.FLOAT}
     types = {v.name: v.type.tensor_type.elem_type for v in list(graph.value_info) + list(graph.output)}
-    inferred = onnx.shape_inference.infer_shapes(model)
+    inferred = onnx_proto.onnx_library().shape_inference.infer_shapes(model)
     types.update({v.name: v.type.tensor_type.elem_type for v in inferred.graph.value_info})
     outputs = {o.name for o in graph.output}
     points = []
@@ -307,19 +315,19 @@ def fit_heads(task: ExitTask, points: Sequence[CutPoint], features: Sequence[Map
 
 # ------------------------------------------------------------------------------------ graph
 def _const(inits: list[TensorProto], name: str, array: np.ndarray) -> str:
-    inits.append(numpy_helper.from_array(np.asarray(array), name))
+    inits.append(from_array(np.asarray(array), name))
     return name
 
 
-def head_nodes(task: ExitTask, head: FittedHead, prefix: str) -> tuple[list[onnx.NodeProto], list[TensorProto],
+def head_nodes(task: ExitTask, head: FittedHead, prefix: str) -> tuple[list[NodeProto], list[TensorProto],
                                                                          ExitSpec]:
     """The head's nodes and initializers (names under ``prefix``) and its exit's description."""
     t = head.point.tensor
-    nodes: list[onnx.NodeProto] = []
+    nodes: list[NodeProto] = []
     inits: list[TensorProto] = []
 
     def node(op: str, inputs: list[str], name: str, **attrs: Any) -> str:
-        nodes.append(helper.make_node(op, inputs, [f"{prefix}{name}"], name=f"{prefix}{name}", **attrs))
+        nodes.append(make_node(op, inputs, [f"{prefix}{name}"], name=f"{prefix}{name}", **attrs))
         return f"{prefix}{name}"
 
     cap_lo = _const(inits, f"{prefix}cap_lo", np.array(-LOGIT_CAP, np.float32))
@@ -364,14 +372,14 @@ def head_nodes(task: ExitTask, head: FittedHead, prefix: str) -> tuple[list[onnx
         anchors = node("Add", [anchors, more], f"anchors{k}")
     channels = _const(inits, f"{prefix}channels", np.array([head.notes["channels"]], np.int64))
     dims = node("Concat", [batch, channels, anchors], "dims", axis=0)
-    answer = node("ConstantOfShape", [dims], "no_box", value=helper.make_tensor("zero", TensorProto.FLOAT, [1], [0.0]))
+    answer = node("ConstantOfShape", [dims], "no_box", value=make_tensor("zero", TensorProto.FLOAT, [1], [0.0]))
     return nodes, inits, ExitSpec((answer,), "max_objectness", "outputs", p)
 
 
-def attach_heads(model: onnx.ModelProto, task: ExitTask, heads: Sequence[FittedHead]) -> onnx.ModelProto:
+def attach_heads(model: ModelProto, task: ExitTask, heads: Sequence[FittedHead]) -> ModelProto:
     """A copy of ``model`` with the heads' nodes added (no graph output reads them) and every exit
     declared in its ``dynnet_exits`` metadata, in the order of the heads' cost, then the answer."""
-    out = onnx.ModelProto()
+    out = ModelProto()
     out.CopyFrom(model)
     if any(prop.key == METADATA_KEY for prop in out.metadata_props):
         raise ValueError(f"the model already declares exits ({METADATA_KEY}); start from the model without them")
@@ -387,7 +395,7 @@ def attach_heads(model: onnx.ModelProto, task: ExitTask, heads: Sequence[FittedH
         answer = final[0]
     entry = out.metadata_props.add()
     entry.key, entry.value = METADATA_KEY, exits_metadata([*specs, answer])
-    onnx.checker.check_model(out)
+    onnx_proto.onnx_library().checker.check_model(out)
     return out
 
 
@@ -424,15 +432,15 @@ def threshold_for(confidences: Sequence[float], agree: Sequence[bool], target: f
     return 1.0, 0.0, 1.0
 
 
-def evaluate(task: ExitTask, model: onnx.ModelProto, frames: Sequence[Mapping[str, np.ndarray]],
+def evaluate(task: ExitTask, model: ModelProto, frames: Sequence[Mapping[str, np.ndarray]],
              targets: Sequence[float] = (0.99, 0.95), head_flops: Mapping[str, float] | None = None,
              ) -> list[ExitReport]:
     """Run the model with exits on ``frames``: each exit's confidence and agreement per frame."""
     exits = model_exits(model)
     names = [n for spec in exits[:-1] for n in spec.tensors]
-    probe = onnx.ModelProto()
+    probe = ModelProto()
     probe.CopyFrom(model)
-    probe.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in names)
+    probe.graph.output.extend(make_empty_tensor_value_info(n) for n in names)
     session = _session(probe)
     wanted = [task.output, *names]
     per_exit: list[tuple[list[float], list[bool]]] = [([], []) for _ in exits[:-1]]
@@ -456,7 +464,7 @@ POINTS_KEY = "dynnet_exit_points"
 TASK_KEY = "dynnet_exit_task"
 
 
-def model_task(model: onnx.ModelProto) -> ExitTask | None:
+def model_task(model: ModelProto) -> ExitTask | None:
     """The task of a model's learned exits (``TASK_KEY`` metadata), None for any other model."""
     raw = next((p.value for p in model.metadata_props if p.key == TASK_KEY), None)
     if raw is None:
@@ -466,25 +474,25 @@ def model_task(model: onnx.ModelProto) -> ExitTask | None:
                     float(data["score_threshold"]), tuple(int(s) for s in data["strides"]), int(data["box_channels"]))
 
 
-def model_points(model: onnx.ModelProto) -> list[CutPoint]:
+def model_points(model: ModelProto) -> list[CutPoint]:
     """The cut points a model's learned exits read (``POINTS_KEY`` metadata, written by ``learn_exits``)."""
     raw = next((p.value for p in model.metadata_props if p.key == POINTS_KEY), "[]")
     return [CutPoint(p["tensor"], tuple(p["shape"]), float(p["cost_fraction"]), tuple(p["crossing"]),
                      int(round(float(p["crossing_mb"]) * 2**20))) for p in json.loads(raw)]
 
 
-def _session(model: onnx.ModelProto) -> ort.InferenceSession:
+def _session(model: ModelProto) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.log_severity_level = 3
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def collect(model: onnx.ModelProto, tensors: Sequence[str], output: str, frames: Sequence[Mapping[str, np.ndarray]],
+def collect(model: ModelProto, tensors: Sequence[str], output: str, frames: Sequence[Mapping[str, np.ndarray]],
             progress: Callable[[int], None] | None = None) -> tuple[list[dict[str, np.ndarray]], list[np.ndarray]]:
     """Per frame: the named intermediate tensors and the model's ``output``."""
-    probe = onnx.ModelProto()
+    probe = ModelProto()
     probe.CopyFrom(model)
-    probe.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in tensors)
+    probe.graph.output.extend(make_empty_tensor_value_info(n) for n in tensors)
     session = _session(probe)
     wanted = [output, *tensors]
     features, finals = [], []
@@ -501,7 +509,7 @@ def collect(model: onnx.ModelProto, tensors: Sequence[str], output: str, frames:
 class LearnedExits:
     """A model with learned exits, and how they did on the held-out frames."""
 
-    model: onnx.ModelProto
+    model: ModelProto
     task: ExitTask
     points: list[CutPoint]
     reports: list[ExitReport]
@@ -564,7 +572,7 @@ def learn_exits(model_like: Any, task: ExitTask, frames: Sequence[Mapping[str, n
     return LearnedExits(with_exits, task, ordered, reports, len(train), len(test))
 
 
-def _model_flops(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> float:
+def _model_flops(model: ModelProto, feed: Mapping[str, np.ndarray]) -> float:
     shapes = shapes_at(model, feed)
     total = 0.0
     for node in model.graph.node:

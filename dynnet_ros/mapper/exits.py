@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import onnx
+
+from dynnet_ros.engine.modelio.onnx_proto import ModelProto
 
 METADATA_KEY = "dynnet_exits"
 ANSWERS: tuple[str, ...] = ("outputs", "empty", "none")
@@ -137,7 +138,7 @@ def guess_criterion(shape: Sequence[Any] | None) -> str:
     return "none"
 
 
-def model_exits(model: onnx.ModelProto) -> list[ExitSpec]:
+def model_exits(model: ModelProto) -> list[ExitSpec]:
     """The model's exits in order: its ``dynnet_exits`` metadata, else one per graph output."""
     outputs = {o.name: o for o in model.graph.output}
     for prop in model.metadata_props:

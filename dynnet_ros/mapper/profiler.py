@@ -30,10 +30,19 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime as ort
-from onnx import helper, numpy_helper, shape_inference
 
+from dynnet_ros.engine.modelio import onnx_proto
+from dynnet_ros.engine.modelio.onnx_proto import (
+    ModelProto,
+    NodeProto,
+    TensorProto,
+    from_array,
+    make_graph,
+    make_model,
+    make_tensor_value_info,
+    to_array,
+)
 from dynnet_ros.mapper.hardware import ComputeUnit, Hardware
 from dynnet_ros.mapper.profile_io import Measurement, Profile
 from dynnet_ros.mapper.stages import StageSet
@@ -89,16 +98,16 @@ class PowerRails:
 
 
 # ------------------------------------------------------------------------------------ features
-def shapes_at(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, list[int]]:
+def shapes_at(model: ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, list[int]]:
     """Every tensor's static shape when ``model`` is fed ``feeds`` (ONNX shape inference)."""
-    fixed = onnx.ModelProto()
+    fixed = ModelProto()
     fixed.CopyFrom(model)
     for value in fixed.graph.input:
         if value.name in feeds:
             for dim, size in zip(value.type.tensor_type.shape.dim, feeds[value.name].shape):
                 dim.ClearField("dim_param")
                 dim.dim_value = int(size)
-    inferred = shape_inference.infer_shapes(fixed, data_prop=True)
+    inferred = onnx_proto.onnx_library().shape_inference.infer_shapes(fixed, data_prop=True)
     out: dict[str, list[int]] = {}
     for value in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
         dims = [d.dim_value if d.HasField("dim_value") else 0 for d in value.type.tensor_type.shape.dim]
@@ -109,7 +118,7 @@ def shapes_at(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[s
     return out
 
 
-def node_features(node: onnx.NodeProto, shapes: Mapping[str, Sequence[int]], in_fraction: float = 1.0,
+def node_features(node: NodeProto, shapes: Mapping[str, Sequence[int]], in_fraction: float = 1.0,
                   out_fraction: float = 1.0) -> LayerFeatures | None:
     """Features of one node at known shapes (None when a shape is unknown)."""
     ins = [shapes.get(name) for name in node.input if name]
@@ -135,7 +144,7 @@ def node_features(node: onnx.NodeProto, shapes: Mapping[str, Sequence[int]], in_
                          float(out[3]) if len(out) > 3 else 1.0, in_fraction, out_fraction)
 
 
-def stage_features(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> LayerFeatures:
+def stage_features(model: ModelProto, feeds: Mapping[str, np.ndarray]) -> LayerFeatures:
     """A stage's features: its nodes' FLOPs and weights summed, its inputs' and outputs' bytes."""
     shapes = shapes_at(model, feeds)
     flops = 0.0
@@ -156,8 +165,8 @@ def stage_features(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> L
 
 
 # ------------------------------------------------------------------------------------ single nodes
-def node_model(node: onnx.NodeProto, model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]],
-               out_fraction: float = 1.0) -> tuple[onnx.ModelProto, dict[str, np.ndarray]] | None:
+def node_model(node: NodeProto, model: ModelProto, shapes: Mapping[str, Sequence[int]],
+               out_fraction: float = 1.0) -> tuple[ModelProto, dict[str, np.ndarray]] | None:
     """A one-node model (float inputs fed at their shapes, initializers kept; a Conv's output
     channels cut to ``out_fraction``) and random feeds for it; None where it cannot stand alone."""
     inits = {i.name: i for i in model.graph.initializer}
@@ -167,19 +176,19 @@ def node_model(node: onnx.NodeProto, model: onnx.ModelProto, shapes: Mapping[str
         if not name:
             continue
         if name in inits:
-            array = numpy_helper.to_array(inits[name])
+            array = to_array(inits[name])
             if out_fraction < 1.0 and node.op_type == "Conv" and k in (1, 2):
                 array = array[:max(1, int(round(array.shape[0] * out_fraction)))]
-            initializers.append(numpy_helper.from_array(array, name))
+            initializers.append(from_array(array, name))
             continue
         shape = shapes.get(name)
         if shape is None:
             return None
-        inputs.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, list(shape)))
+        inputs.append(make_tensor_value_info(name, TensorProto.FLOAT, list(shape)))
         feeds[name] = rng.random(shape, dtype=np.float32)
-    outputs = [helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, None) for o in node.output if o]
-    graph = helper.make_graph([node], f"node_{node.name}", inputs, outputs, initializers)
-    single = helper.make_model(graph, opset_imports=list(model.opset_import))
+    outputs = [make_tensor_value_info(o, TensorProto.FLOAT, None) for o in node.output if o]
+    graph = make_graph([node], f"node_{node.name}", inputs, outputs, initializers)
+    single = make_model(graph, opset_imports=list(model.opset_import))
     single.ir_version = model.ir_version
     return single, feeds
 

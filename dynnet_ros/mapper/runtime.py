@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
-from onnx import helper
 
+from dynnet_ros.engine.modelio.onnx_proto import tensor_dtype_to_np_dtype
 from dynnet_ros.engine.runtime.base import ExecutorStats
 
 from .exits import ExitSpec
@@ -338,7 +338,7 @@ class StageExecutor:
             if value.name in stage_set.final_outputs:
                 tensor = value.type.tensor_type
                 dims = tuple(d.dim_value if d.HasField("dim_value") else 0 for d in tensor.shape.dim)
-                out[value.name] = (np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type)), dims)
+                out[value.name] = (np.dtype(tensor_dtype_to_np_dtype(tensor.elem_type)), dims)
         return out
 
     # ------------------------------------------------------------------ Executor protocol

@@ -19,11 +19,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import onnx
-from onnx import helper
-
+from dynnet_ros.engine.modelio import onnx_proto
 from dynnet_ros.engine.modelio.loader import hoist_weight_constants
 from dynnet_ros.engine.modelio.models import ModelLike, load_model, weight_bytes
+from dynnet_ros.engine.modelio.onnx_proto import (
+    AttributeProto,
+    GraphProto,
+    ModelProto,
+    NodeProto,
+    ValueInfoProto,
+    make_graph,
+    make_model,
+    make_tensor_value_info,
+)
 from dynnet_ros.engine.rdp import AnalysisResult, analyze
 from dynnet_ros.engine.rdp.expr import Expr, to_json_dim
 
@@ -39,7 +47,7 @@ class Stage:
     """One stage: its sub-model, what it reads and from where, what it writes, and its exit."""
 
     index: int
-    model: onnx.ModelProto
+    model: ModelProto
     inputs: tuple[str, ...]              # model inputs and earlier stages' tensors, in its graph's order
     outputs: tuple[str, ...]             # its exit's outputs, then tensors later stages read
     exit: ExitSpec
@@ -76,7 +84,7 @@ class StageSet:
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         for stage in self.stages:
-            onnx.save(stage.model, str(out / f"stage_{stage.index}.onnx"))
+            onnx_proto.save(stage.model, str(out / f"stage_{stage.index}.onnx"))
         (out / SUMMARY_FILE).write_text(json.dumps(self.summary(), indent=1))
         return out
 
@@ -106,13 +114,13 @@ class StageSet:
             raise ValueError(f"{where / SUMMARY_FILE}: missing or malformed field {exc}") from None
 
 
-def _dims_text(value: onnx.ValueInfoProto) -> list[int | str]:
+def _dims_text(value: ValueInfoProto) -> list[int | str]:
     return [d.dim_value if d.HasField("dim_value") else d.dim_param
             for d in value.type.tensor_type.shape.dim]
 
 
 # ------------------------------------------------------------------------------------ graph helpers
-def subgraph_reads(graph: onnx.GraphProto) -> set[str]:
+def subgraph_reads(graph: GraphProto) -> set[str]:
     """Names a (sub)graph reads from its enclosing scope: used but not defined inside it."""
     defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
     used: set[str] = set()
@@ -122,12 +130,12 @@ def subgraph_reads(graph: onnx.GraphProto) -> set[str]:
     return {name for name in used if name and name not in defined}
 
 
-def node_reads(node: onnx.NodeProto) -> list[str]:
+def node_reads(node: NodeProto) -> list[str]:
     """A node's inputs plus the outer-scope names its subgraphs (If/Loop/Scan bodies) read."""
     names = [name for name in node.input if name]
     for attr in node.attribute:
-        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else \
-            list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else []
+        graphs = [attr.g] if attr.type == AttributeProto.GRAPH else \
+            list(attr.graphs) if attr.type == AttributeProto.GRAPHS else []
         for graph in graphs:
             names.extend(sorted(subgraph_reads(graph)))
     return names
@@ -153,7 +161,7 @@ class DimNames:
         return {name: expr for expr, name in self.names.items()}
 
 
-def proven_value_info(name: str, rdp: AnalysisResult, dims: DimNames, why: str) -> onnx.ValueInfoProto:
+def proven_value_info(name: str, rdp: AnalysisResult, dims: DimNames, why: str) -> ValueInfoProto:
     """A ValueInfo for ``name`` with RDP's proven type, rank and dims; ValueError when RDP cannot
     prove them (the cut is then not allowed there)."""
     try:
@@ -171,33 +179,33 @@ def proven_value_info(name: str, rdp: AnalysisResult, dims: DimNames, why: str) 
             shape.append(dims.name(str(to_json_dim(d))))
         else:
             raise ValueError(f"{why}: RDP cannot prove the shape of {name!r}")
-    return helper.make_tensor_value_info(name, info.dtype, shape)
+    return make_tensor_value_info(name, info.dtype, shape)
 
 
-def sub_model(source: onnx.ModelProto, name: str, nodes: Sequence[onnx.NodeProto],
-              inputs: Sequence[onnx.ValueInfoProto], outputs: Sequence[onnx.ValueInfoProto],
-              metadata: Mapping[str, str]) -> onnx.ModelProto:
+def sub_model(source: ModelProto, name: str, nodes: Sequence[NodeProto],
+              inputs: Sequence[ValueInfoProto], outputs: Sequence[ValueInfoProto],
+              metadata: Mapping[str, str]) -> ModelProto:
     """A model of ``nodes`` with the initializers they read, checked by onnx's checker."""
     used: set[str] = set()
     for node in nodes:
         used.update(node_reads(node))
     initializers = [init for init in source.graph.initializer if init.name in used]
-    graph = helper.make_graph(list(nodes), name, list(inputs), list(outputs), initializer=initializers)
-    model = helper.make_model(graph, opset_imports=list(source.opset_import), producer_name="dynnet_ros.mapper")
+    graph = make_graph(list(nodes), name, list(inputs), list(outputs), initializer=initializers)
+    model = make_model(graph, opset_imports=list(source.opset_import), producer_name="dynnet_ros.mapper")
     model.ir_version = source.ir_version
     for key, value in sorted(metadata.items()):
         entry = model.metadata_props.add()
         entry.key, entry.value = key, value
     try:
-        onnx.checker.check_model(model)
-    except onnx.checker.ValidationError as exc:
+        onnx_proto.onnx_library().checker.check_model(model)
+    except onnx_proto.onnx_library().checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0]
         raise ValueError(f"stage model {name} fails the ONNX checker: {first}") from None
     return model
 
 
 # ------------------------------------------------------------------------------------ depth-wise
-def resolve_exits(model: onnx.ModelProto, exits: Sequence[Any] | None) -> list[ExitSpec]:
+def resolve_exits(model: ModelProto, exits: Sequence[Any] | None) -> list[ExitSpec]:
     """``exits`` (names or mappings, as in a partition file) checked against the model, else the model's own."""
     if exits is None:
         return model_exits(model)
@@ -295,7 +303,7 @@ class Part:
     its first layers run while the earlier stages still compute (the paper's concurrent model:
     a sub-layer waits only for the features it needs)."""
 
-    model: onnx.ModelProto
+    model: ModelProto
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
 

@@ -17,12 +17,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 
 from dynnet_ros.engine.backends.tensorrt import TensorRTExecutor
 from dynnet_ros.engine.backends.trt_config import TrtOptions
 from dynnet_ros.engine.backends.trt_env import tensorrt_unavailable_reason
+from dynnet_ros.engine.modelio.onnx_proto import ModelProto
 from dynnet_ros.engine.runtime.base import Executor
 
 from .hardware import ComputeUnit
@@ -98,7 +98,7 @@ def pin_current_thread(cores: tuple[int, ...]) -> None:
 class OrtStage:
     """A stage's onnxruntime session on a CPU group; ``run`` can be cancelled mid-graph."""
 
-    def __init__(self, model: onnx.ModelProto, plan: UnitPlan) -> None:
+    def __init__(self, model: ModelProto, plan: UnitPlan) -> None:
         options = ort.SessionOptions()
         options.intra_op_num_threads = plan.threads
         options.inter_op_num_threads = 1
@@ -126,7 +126,7 @@ class TensorRTStage:
     """A stage through the TensorRT backend: one executor per static input size on a DLA, one
     (with its own profiles) on the GPU. Cancelling drops the result; an engine is not interrupted."""
 
-    def __init__(self, model: onnx.ModelProto, plan: UnitPlan) -> None:
+    def __init__(self, model: ModelProto, plan: UnitPlan) -> None:
         self._factory = TensorRTExecutor
         self._model = model
         self._plan = plan
@@ -156,7 +156,7 @@ class TensorRTStage:
         self._executors.clear()
 
 
-def open_stage(model: onnx.ModelProto, plan: UnitPlan) -> OrtStage | TensorRTStage:
+def open_stage(model: ModelProto, plan: UnitPlan) -> OrtStage | TensorRTStage:
     """The runner ``plan`` asks for."""
     return OrtStage(model, plan) if plan.backend == "ort" else TensorRTStage(model, plan)
 

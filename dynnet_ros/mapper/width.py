@@ -29,11 +29,20 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import onnx
 import onnxruntime as ort
-from onnx import helper, numpy_helper
 
 from dynnet_ros.engine.modelio.models import ModelLike, load_model
+from dynnet_ros.engine.modelio.onnx_proto import (
+    ModelProto,
+    NodeProto,
+    TensorProto,
+    ValueInfoProto,
+    from_array,
+    get_attribute_value,
+    make_node,
+    make_tensor_value_info,
+    to_array,
+)
 from dynnet_ros.engine.rdp import AnalysisResult, analyze
 
 from .exits import METADATA_KEY, ExitSpec, exits_metadata, model_exits
@@ -80,18 +89,18 @@ class _Space:
         return np.sort(self.order[self.bounds[k]:self.bounds[k + 1]])
 
 
-def _weights(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    return {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
+def _weights(model: ModelProto) -> dict[str, np.ndarray]:
+    return {init.name: to_array(init) for init in model.graph.initializer}
 
 
-def _attr(node: onnx.NodeProto, name: str, default):
+def _attr(node: NodeProto, name: str, default):
     for a in node.attribute:
         if a.name == name:
-            return helper.get_attribute_value(a)
+            return get_attribute_value(a)
     return default
 
 
-def _out_axis_weight(node: onnx.NodeProto, w: np.ndarray) -> np.ndarray:
+def _out_axis_weight(node: NodeProto, w: np.ndarray) -> np.ndarray:
     """A Conv/Gemm weight as [out, in, ...]."""
     if node.op_type == "Gemm" and not _attr(node, "transB", 0):
         return w.T
@@ -212,7 +221,7 @@ class _Builder:
     """Emits the per-stage models of a width split."""
 
     def __init__(self, proto, spec: WidthSpec, chain, spaces: _Spaces, table: dict[str, _Space],
-                 input_spaces: set[str], head: onnx.NodeProto, target: str, weights: dict[str, np.ndarray],
+                 input_spaces: set[str], head: NodeProto, target: str, weights: dict[str, np.ndarray],
                  rdp: AnalysisResult) -> None:
         self.proto, self.spec, self.chain, self.spaces, self.table = proto, spec, chain, spaces, table
         self.input_spaces, self.head, self.target, self.weights, self.rdp = input_spaces, head, target, weights, rdp
@@ -233,14 +242,14 @@ class _Builder:
     def loc(t: str, k: int) -> str:
         return f"{t}__s{k}"
 
-    def pieces(self, node: onnx.NodeProto, x: str, i: int, every: bool = False) -> list[int]:
+    def pieces(self, node: NodeProto, x: str, i: int, every: bool = False) -> list[int]:
         """Stages whose slice of ``x`` stage i's ``node`` reads (own first-come order: by stage)."""
         reads = self.spec.reads(node.name)
         return [k for k in range(i + 1) if self.has(x, k) and (k == i or every or reads[i][k])]
 
     def build(self) -> StageSet:
         dims = DimNames(self.rdp.symbols)
-        nodes: list[list[onnx.NodeProto]] = [[] for _ in range(self.m)]
+        nodes: list[list[NodeProto]] = [[] for _ in range(self.m)]
         inits: list[dict[str, np.ndarray]] = [{} for _ in range(self.m)]
         reads: list[list[tuple[str, int]]] = [[] for _ in range(self.m)]    # (tensor, source stage)
         for i in range(self.m):
@@ -255,7 +264,7 @@ class _Builder:
         stages = []
         for i in range(self.m):
             exit_name = self.target if i == self.m - 1 else f"{self.target}__exit{i}"
-            ins: list[onnx.ValueInfoProto] = []
+            ins: list[ValueInfoProto] = []
             sources: dict[str, int] = {}
             for t, k in reads[i]:
                 if k == -1:
@@ -272,7 +281,7 @@ class _Builder:
             outs = [proven_value_info(self.target, self.rdp, dims, "width exit")]
             outs[0].name = exit_name
             outs += [self._piece_info(name.rsplit("__s", 1)[0], i, dims) for name in handed[i]]
-            initializers = [numpy_helper.from_array(np.ascontiguousarray(v), n) for n, v in inits[i].items()]
+            initializers = [from_array(np.ascontiguousarray(v), n) for n, v in inits[i].items()]
             spec = ExitSpec((exit_name,), model_exits(self.proto)[-1].criterion if i == self.m - 1
                             else _criterion_for(self.proto, self.target))
             model = _stage_model(self.proto, f"{self.proto.graph.name}_w{i}", nodes[i], ins, outs, initializers,
@@ -284,7 +293,7 @@ class _Builder:
         names = tuple(v.name for v in model_inputs)
         return StageSet("width", stages, names, (self.target,), dims.table)
 
-    def _piece_info(self, t: str, k: int, dims: DimNames) -> onnx.ValueInfoProto:
+    def _piece_info(self, t: str, k: int, dims: DimNames) -> ValueInfoProto:
         value = proven_value_info(t, self.rdp, dims, f"width stage {k}")
         space = self.space(t)
         if space is not None:
@@ -318,14 +327,14 @@ class _Builder:
         if len(names) == 1:
             return names[0], channels
         joined = f"{x}__cat{i}_{node.name}"
-        out.append(helper.make_node("Concat", names, [joined], name=joined, axis=1))
+        out.append(make_node("Concat", names, [joined], name=joined, axis=1))
         return joined, channels
 
     def _channels(self, t: str) -> int:
         dims = self.rdp.tensor_dims(t)
         return int(dims[1]) if dims is not None and isinstance(dims[1], int) else 0
 
-    def _emit(self, node: onnx.NodeProto, i: int, out: list, inits: dict, reads: list) -> None:
+    def _emit(self, node: NodeProto, i: int, out: list, inits: dict, reads: list) -> None:
         op = node.op_type
         last = i == self.m - 1
         data = [n for n in node.input if n and n not in self.weights]
@@ -342,10 +351,10 @@ class _Builder:
             inits[name] = w[:, cols].T if _transposed(node) else w[:, cols]
             self.exit_weight[i] = name
             ins = [x, name] + ([self._const(node.input[2], None, inits, i)] if len(node.input) > 2 else [])
-            out.append(helper.make_node(op, ins, [post(node.output[0])], name=f"{node.name}__s{i}", **_attrs(node)))
+            out.append(make_node(op, ins, [post(node.output[0])], name=f"{node.name}__s{i}", **_attrs(node)))
             return
         if op in PASS_OPS and self.chain.index(node) > self.chain.index(self.head):
-            out.append(helper.make_node(op, [post(data[0])], [post(node.output[0])], name=f"{node.name}__s{i}",
+            out.append(make_node(op, [post(data[0])], [post(node.output[0])], name=f"{node.name}__s{i}",
                                         **_attrs(node)))
             return
         space = self.space(node.output[0]) if op not in SPLIT_OPS else self.table[self.spaces.find(node.output[0])]
@@ -361,11 +370,11 @@ class _Builder:
             ins = [x, name]
             if len(node.input) > 2 and node.input[2]:
                 ins.append(self._const(node.input[2], own, inits, i))
-            out.append(helper.make_node(op, ins, [self.loc(node.output[0], i)], name=f"{node.name}__s{i}",
+            out.append(make_node(op, ins, [self.loc(node.output[0], i)], name=f"{node.name}__s{i}",
                                         **_attrs(node)))
             return
         if op in JOIN_OPS:
-            out.append(helper.make_node(op, [self._name(d, i, reads) for d in data],
+            out.append(make_node(op, [self._name(d, i, reads) for d in data],
                                         [self._name(node.output[0], i, [])], name=f"{node.name}__s{i}"))
             return
         ins = []
@@ -377,7 +386,7 @@ class _Builder:
                 ins.append(self._const(n, own if per_channel else None, inits, i))
             else:
                 ins.append(self._name(n, i, reads))
-        out.append(helper.make_node(op, ins, [self._name(node.output[0], i, [])], name=f"{node.name}__s{i}",
+        out.append(make_node(op, ins, [self._name(node.output[0], i, [])], name=f"{node.name}__s{i}",
                                     **_attrs(node)))
 
     def _const(self, name: str, channels: np.ndarray | None, inits: dict, i: int) -> str:
@@ -389,24 +398,24 @@ class _Builder:
         return name
 
 
-def _transposed(node: onnx.NodeProto) -> bool:
+def _transposed(node: NodeProto) -> bool:
     """A Gemm whose weight is stored [in, out] (transB=0)."""
     return node.op_type == "Gemm" and not _attr(node, "transB", 0)
 
 
-def _attrs(node: onnx.NodeProto) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+def _attrs(node: NodeProto) -> dict:
+    return {a.name: get_attribute_value(a) for a in node.attribute}
 
 
-def _criterion_for(proto: onnx.ModelProto, target: str) -> str:
+def _criterion_for(proto: ModelProto, target: str) -> str:
     for spec in model_exits(proto):
         if target in spec.outputs:
             return spec.criterion
     return "none"
 
 
-def _stage_model(source, name, nodes, inputs, outputs, initializers, metadata) -> onnx.ModelProto:
-    carrier = onnx.ModelProto()
+def _stage_model(source, name, nodes, inputs, outputs, initializers, metadata) -> ModelProto:
+    carrier = ModelProto()
     carrier.CopyFrom(source)
     del carrier.graph.initializer[:]
     carrier.graph.initializer.extend(initializers)
@@ -414,7 +423,7 @@ def _stage_model(source, name, nodes, inputs, outputs, initializers, metadata) -
 
 
 # ------------------------------------------------------------------------------------ probes, agreement
-def _session(model: onnx.ModelProto) -> ort.InferenceSession:
+def _session(model: ModelProto) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.log_severity_level = 3
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
@@ -431,17 +440,17 @@ def run_chain(stage_set: StageSet, sessions: Sequence[ort.InferenceSession],
     return values
 
 
-def _with_outputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
-    copy = onnx.ModelProto()
+def _with_outputs(model: ModelProto, names: Sequence[str]) -> ModelProto:
+    copy = ModelProto()
     copy.CopyFrom(model)
     have = {o.name for o in copy.graph.output}
     for name in names:
         if name not in have:
-            copy.graph.output.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+            copy.graph.output.append(make_tensor_value_info(name, TensorProto.FLOAT, None))
     return copy
 
 
-def _fit_probes(proto: onnx.ModelProto, stage_set: StageSet, builder: _Builder,
+def _fit_probes(proto: ModelProto, stage_set: StageSet, builder: _Builder,
                 frames: Sequence[Mapping[str, np.ndarray]]) -> None:
     """Replace each early exit's Gemm weights by a least-squares fit to the full model's output."""
     reference = _session(proto)
@@ -471,7 +480,7 @@ def _fit_probes(proto: onnx.ModelProto, stage_set: StageSet, builder: _Builder,
         _set_initializer(stage.model, bias_name, b.astype(np.float32))
 
 
-def _exit_bias(model: onnx.ModelProto, weight_name: str) -> str:
+def _exit_bias(model: ModelProto, weight_name: str) -> str:
     """The bias input of the exit Gemm reading ``weight_name`` (added when it had none)."""
     for node in model.graph.node:
         if len(node.input) > 1 and node.input[1] == weight_name:
@@ -484,15 +493,15 @@ def _exit_bias(model: onnx.ModelProto, weight_name: str) -> str:
     raise ValueError(f"no exit layer reads {weight_name}")
 
 
-def _set_initializer(model: onnx.ModelProto, name: str, value: np.ndarray) -> None:
+def _set_initializer(model: ModelProto, name: str, value: np.ndarray) -> None:
     for i, init in enumerate(model.graph.initializer):
         if init.name == name:
-            model.graph.initializer[i].CopyFrom(numpy_helper.from_array(value, name))
+            model.graph.initializer[i].CopyFrom(from_array(value, name))
             return
-    model.graph.initializer.append(numpy_helper.from_array(value, name))
+    model.graph.initializer.append(from_array(value, name))
 
 
-def agreement(proto: onnx.ModelProto, stage_set: StageSet, frames: Sequence[Mapping[str, np.ndarray]]) -> dict:
+def agreement(proto: ModelProto, stage_set: StageSet, frames: Sequence[Mapping[str, np.ndarray]]) -> dict:
     """Per exit: the share of frames whose argmax equals the full model's (and the max |diff|)."""
     reference = _session(proto)
     target = stage_set.final_outputs[0]

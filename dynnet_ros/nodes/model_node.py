@@ -277,7 +277,7 @@ class ModelNode(Node, ABC):
         self._frame_warned: set = set()
         self._last_refused: tuple | None = None   # (camera size, budget) the engine refused last frame
         self._message_sizes: list[tuple[float, int]] = []   # (monotonic time, bytes) of recent frames
-        # Model-independent library state (engine modules, onnx's schema registry) loads before the
+        # Model-independent library state (the engine's modules) is in before the budget
         # baseline, like rclpy: it is the same for every model and stays when a model is unloaded.
         prewarm_runtime()
         rss_before_model = memory_now()  # budget baseline: a budget bounds RSS growth from here

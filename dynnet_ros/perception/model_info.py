@@ -10,10 +10,9 @@ import os
 from dataclasses import dataclass, field
 
 import numpy as np
-import onnx
-from onnx import helper
 
 from dynnet_ros.engine.modelio.loader import load_skeleton
+from dynnet_ros.engine.modelio.onnx_proto import ModelProto, ValueInfoProto, tensor_dtype_to_np_dtype
 
 Dim = int | str | None
 
@@ -62,9 +61,9 @@ class ModelInfo:
         return f"inputs {ins}; outputs {outs}"
 
 
-def _tensor_info(value: onnx.ValueInfoProto) -> TensorInfo:
+def _tensor_info(value: ValueInfoProto) -> TensorInfo:
     tensor_type = value.type.tensor_type
-    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)) if tensor_type.elem_type \
+    dtype = np.dtype(tensor_dtype_to_np_dtype(tensor_type.elem_type)) if tensor_type.elem_type \
         else np.dtype(np.float32)
     dims: list[Dim] = []
     for dim in tensor_type.shape.dim:
@@ -77,7 +76,7 @@ def _tensor_info(value: onnx.ValueInfoProto) -> TensorInfo:
     return TensorInfo(value.name, dtype, tuple(dims))
 
 
-def model_info(proto: onnx.ModelProto, path: str = "<in-memory model>") -> ModelInfo:
+def model_info(proto: ModelProto, path: str = "<in-memory model>") -> ModelInfo:
     initializers = {init.name for init in proto.graph.initializer}
     inputs = tuple(_tensor_info(v) for v in proto.graph.input if v.name not in initializers)
     outputs = tuple(_tensor_info(v) for v in proto.graph.output)

@@ -23,9 +23,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
-import onnx
 
 from dynnet_ros.bytesize import MB
+from dynnet_ros.engine.modelio.onnx_proto import ModelProto
 from dynnet_ros.engine.modelio.ort_features import ort_features
 from dynnet_ros.engine.rdp import RDPWarning, analyze
 from dynnet_ros.engine.rdp.solve import runnable_shapes
@@ -62,7 +62,7 @@ class BudgetModel:
 
     #: the engine's graph (weightless for the planned cpu backend), asked for only when a budget
     #: needs it: the engine of a model file does not hold it while no budget does
-    load_proto: Callable[[], onnx.ModelProto]
+    load_proto: Callable[[], ModelProto]
     backend: str
     threads: int | None
     layout: str                             # "nchwc" where it applies, or "as-given" (see streamed.py)
@@ -71,7 +71,7 @@ class BudgetModel:
     over_budget: str = "run"                # a frame at an input size the budget cannot hold: "raise" | "run"
 
     @property
-    def proto(self) -> onnx.ModelProto:
+    def proto(self) -> ModelProto:
         return self.load_proto()
 
 
@@ -84,7 +84,7 @@ class BudgetRefused(ValueError):
         self.executor = executor
 
 
-def preferred_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+def preferred_shapes(model: ModelProto) -> dict[str, tuple[int, ...]]:
     """Concrete shape per graph input from its declaration alone: symbols from
     ``REFERENCE_DIMS``, other dynamic dims (unnamed, or ``-1`` as some exporters write them) 1
     for batch/channel axes and 224 for the rest."""
@@ -105,7 +105,7 @@ def preferred_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def reference_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+def reference_shapes(model: ModelProto) -> dict[str, tuple[int, ...]]:
     """The input shapes budgets refer to before the engine has run or been told its input size:
     ``preferred_shapes``, with each dim RDP's requirements rule out moved to the closest size
     the model runs at (rdp/solve.py: a dim constrained to one value takes it). ValueError naming

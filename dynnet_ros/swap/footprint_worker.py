@@ -19,8 +19,8 @@ import os
 import sys
 
 import numpy as np
-from onnx import helper
 
+from dynnet_ros.engine.modelio.onnx_proto import tensor_dtype_to_np_dtype
 from dynnet_ros.memtrim import release_memory
 from dynnet_ros.procmem import reset_peak_rss, status_bytes
 from dynnet_ros.swap.footprint import Footprint, write_result
@@ -58,7 +58,7 @@ def measure(request: dict) -> Footprint:
     executor.start_sampling(baseline)
     types = executor.planned.graph.elem_types
     values = request.get("values") or {}  # small integer inputs that steer control flow
-    feeds = {name: np.zeros(shape, dtype=helper.tensor_dtype_to_np_dtype(types[name]))
+    feeds = {name: np.zeros(shape, dtype=tensor_dtype_to_np_dtype(types[name]))
              for name, shape in shapes.items()}
     for name, value in values.items():
         if name in feeds and np.size(value) == feeds[name].size:

@@ -15,9 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import onnx
-from onnx import helper
 
+from dynnet_ros.engine.modelio.onnx_proto import ModelProto, NodeProto, TensorProto, get_attribute_value, make_node
 from dynnet_ros.engine.plan.graph import node_inputs
 
 #: (domain, op_type) of the fully-connected ops that split by output columns
@@ -34,19 +33,19 @@ class Slice:
     stop: int
 
 
-def _attr(node: onnx.NodeProto, name: str, default):
+def _attr(node: NodeProto, name: str, default):
     for attribute in node.attribute:
         if attribute.name == name:
-            return helper.get_attribute_value(attribute)
+            return get_attribute_value(attribute)
     return default
 
 
-def _columns_axis(node: onnx.NodeProto) -> int:
+def _columns_axis(node: NodeProto) -> int:
     """The axis of B that indexes output columns."""
     return 0 if _attr(node, "transB", 0) else 1
 
 
-def split_large_gemms(model: onnx.ModelProto, max_bytes: int) -> dict[str, Slice]:
+def split_large_gemms(model: ModelProto, max_bytes: int) -> dict[str, Slice]:
     """Rewrite ``model`` in place; returns the new initializers as slices of the old ones.
 
     A node is split when its B is a 2-D float initializer above ``max_bytes``, A is not
@@ -55,7 +54,7 @@ def split_large_gemms(model: onnx.ModelProto, max_bytes: int) -> dict[str, Slice
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     slices: dict[str, Slice] = {}
-    nodes: list[onnx.NodeProto] = []
+    nodes: list[NodeProto] = []
     for node in graph.node:
         pieces = _split(node, inits, max_bytes, slices)
         nodes.extend(pieces or [node])
@@ -69,12 +68,12 @@ def split_large_gemms(model: onnx.ModelProto, max_bytes: int) -> dict[str, Slice
     return slices
 
 
-def _split(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto], max_bytes: int,
-           slices: dict[str, Slice]) -> list[onnx.NodeProto] | None:
+def _split(node: NodeProto, inits: dict[str, TensorProto], max_bytes: int,
+           slices: dict[str, Slice]) -> list[NodeProto] | None:
     if (node.domain, node.op_type) not in SPLITTABLE or len(node.input) < 2 or _attr(node, "transA", 0):
         return None
     weight = inits.get(node.input[1])
-    if weight is None or len(weight.dims) != 2 or weight.data_type != onnx.TensorProto.FLOAT:
+    if weight is None or len(weight.dims) != 2 or weight.data_type != TensorProto.FLOAT:
         return None
     nbytes = int(np.prod(weight.dims)) * 4
     if nbytes <= max_bytes:
@@ -108,22 +107,22 @@ def _split(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto], max_bytes: 
             else:
                 inputs.append(bias.name)
         out = f"{node.output[0]}__cols{k}"
-        piece = helper.make_node(node.op_type, inputs, [out], name=f"{node.name or node.output[0]}__cols{k}",
+        piece = make_node(node.op_type, inputs, [out], name=f"{node.name or node.output[0]}__cols{k}",
                                  domain=node.domain)
         piece.attribute.extend(node.attribute)
         pieces.append(piece)
         outputs.append(out)
-    concat = helper.make_node("Concat", outputs, [node.output[0]], name=f"{node.name or node.output[0]}__concat",
+    concat = make_node("Concat", outputs, [node.output[0]], name=f"{node.name or node.output[0]}__concat",
                               axis=1)
     return pieces + [concat]
 
 
-def _declare(name: str, data_type: int, dims: list[int]) -> onnx.TensorProto:
+def _declare(name: str, data_type: int, dims: list[int]) -> TensorProto:
     """A placeholder initializer (the store writes its data and points it at the weight file)."""
-    tensor = onnx.TensorProto()
+    tensor = TensorProto()
     tensor.name = name
     tensor.data_type = data_type
     tensor.dims.extend(int(d) for d in dims)
-    tensor.data_location = onnx.TensorProto.EXTERNAL
+    tensor.data_location = TensorProto.EXTERNAL
     return tensor
 

@@ -36,13 +36,13 @@ import tempfile
 import time
 
 import numpy as np
-import onnx
 import onnxruntime as ort
-from onnx import helper
 
 from dynnet_ros.bytesize import MB
+from dynnet_ros.engine.modelio import onnx_proto
 from dynnet_ros.engine.modelio.loader import load_skeleton, source_path
 from dynnet_ros.engine.modelio.model_check import file_digest
+from dynnet_ros.engine.modelio.onnx_proto import ModelProto, tensor_dtype_to_np_dtype
 from dynnet_ros.engine.plan.graph import all_graphs
 from dynnet_ros.engine.plan.layout import laid_out_skeleton
 from dynnet_ros.engine.plan.options import PlannerOptions, plan_profile
@@ -61,7 +61,7 @@ MIN_SPLIT_BYTES = MB
 DEFAULT_READ_MB_S = 800.0  # O_DIRECT read rate on this class of VM (dd, 4 MiB blocks)
 
 
-def prepare_weight_file(model: onnx.ModelProto, layout: str = "nchwc",
+def prepare_weight_file(model: ModelProto, layout: str = "nchwc",
                         store_root: str | os.PathLike | None = None) -> tuple[WeightFile, str | None]:
     """The verified weight file of ``model`` (built if missing), and why it was rebuilt (None if
     it was current).
@@ -88,7 +88,7 @@ def prepare_weight_file(model: onnx.ModelProto, layout: str = "nchwc",
     with tempfile.TemporaryDirectory() as work:
         if source is None:
             source = os.path.join(work, "model.onnx")
-            onnx.save(model, source)
+            onnx_proto.save(model, source)
         return ensure_weight_file(source, source_key=file_digest(source), layout="as-given",
                                   split_bytes=split_bytes_for(total), root=store_root)
 
@@ -121,7 +121,7 @@ class StreamedExecutor:
 
     name = "swap"
 
-    def __init__(self, model: onnx.ModelProto | None = None, *, threads: int | None = None,
+    def __init__(self, model: ModelProto | None = None, *, threads: int | None = None,
                  store_root: str | os.PathLike | None = None, layout: str = "nchwc",
                  weights: WeightFile | None = None, rebuilt_reason: str | None = None,
                  over_budget: str = "run") -> None:
@@ -178,7 +178,7 @@ class StreamedExecutor:
         self._compute_ms: float | None = None
         self._closed = False
 
-    def _views(self, graph: onnx.ModelProto) -> dict[str, ort.OrtValue]:
+    def _views(self, graph: ModelProto) -> dict[str, ort.OrtValue]:
         arena = self.region.array
         if arena is None:
             raise RuntimeError("the weight arena is closed")
@@ -188,7 +188,7 @@ class StreamedExecutor:
                 entry = self.file.tensors.get(tensor.name)
                 if entry is None or tensor.name in values:
                     continue
-                dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
+                dtype = np.dtype(tensor_dtype_to_np_dtype(tensor.data_type))
                 where = self.places[tensor.name]
                 view = arena[where:where + entry.nbytes].view(dtype).reshape(tuple(tensor.dims))
                 values[tensor.name] = ort.OrtValue.ortvalue_from_numpy(view)

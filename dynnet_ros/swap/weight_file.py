@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import onnx
-from onnx import numpy_helper
 
 from dynnet_ros.bytesize import MB
+from dynnet_ros.engine.modelio import onnx_proto
 from dynnet_ros.engine.modelio.loader import EXTERNAL_DIR_KEY, read_external, skeleton_proto
+from dynnet_ros.engine.modelio.onnx_proto import ModelProto, TensorProto, to_array
 from dynnet_ros.engine.plan.graph import all_graphs
 from dynnet_ros.settings import settings
 from dynnet_ros.swap.gemm_split import split_large_gemms
@@ -127,10 +127,10 @@ class WeightFile:
             reader.close()
             scratch.close()
 
-    def graph(self) -> onnx.ModelProto:
+    def graph(self) -> ModelProto:
         """The weightless graph (initializers reference weights.bin)."""
         try:
-            model = onnx.load(str(self.graph_path), load_external_data=False)
+            model = onnx_proto.load(str(self.graph_path), load_external_data=False)
         except Exception as exc:  # a damaged protobuf
             raise StoreError(self.directory, f"graph.onnx unreadable: {exc}") from exc
         # onnxruntime checks that external data exists even for initializers it is handed by
@@ -140,10 +140,10 @@ class WeightFile:
         return model
 
 
-def _is_weight(tensor: onnx.TensorProto) -> bool:
-    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+def _is_weight(tensor: TensorProto) -> bool:
+    if tensor.data_location == TensorProto.EXTERNAL:
         return True
-    if tensor.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE):
+    if tensor.data_type not in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE):
         return False  # integer initializers are shapes/indices: tiny, read by shape logic
     return int(np.prod(tensor.dims, dtype=np.int64)) * 4 >= _MIN_BYTES
 
@@ -184,7 +184,7 @@ def build(laid_out_path: str | os.PathLike, directory: str | os.PathLike, *, spl
             os.posix_fadvise(out.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # writing must not leave a page-cache copy
         cache.clear()
         model.metadata_props.clear()  # the laid-out file's location; the graph now lives here
-        onnx.save(model, str(work / GRAPH_FILE))
+        onnx_proto.save(model, str(work / GRAPH_FILE))
         index = {"format": FORMAT, "version": VERSION, "layout": layout, "source": str(laid_out_path),
                  "split_bytes": int(split_bytes), "size": size, "tensors": entries}
         (work / INDEX_FILE).write_text(json.dumps(index, indent=1))
@@ -196,8 +196,8 @@ def build(laid_out_path: str | os.PathLike, directory: str | os.PathLike, *, spl
     return WeightFile(directory)
 
 
-def _copy(tensor: onnx.TensorProto) -> onnx.TensorProto:
-    out = onnx.TensorProto()
+def _copy(tensor: TensorProto) -> TensorProto:
+    out = TensorProto()
     out.CopyFrom(tensor)
     return out
 
@@ -211,22 +211,22 @@ def _values(tensor, slices, sources, base_dir: str, cache: dict[str, np.ndarray]
         index = [slice(None)] * cache[piece.source].ndim
         index[piece.axis] = slice(piece.start, piece.stop)
         return cache[piece.source][tuple(index)]
-    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+    if tensor.data_location == TensorProto.EXTERNAL:
         array = read_external(tensor, base_dir)
         if array is None:
             raise StoreError(Path(base_dir), f"weight {tensor.name!r} cannot be read from the laid-out model")
         return array
-    return numpy_helper.to_array(tensor)
+    return to_array(tensor)
 
 
-def _point_at_file(tensor: onnx.TensorProto, offset: int, nbytes: int) -> None:
+def _point_at_file(tensor: TensorProto, offset: int, nbytes: int) -> None:
     for field in ("raw_data", "float_data", "double_data", "int32_data", "int64_data"):
         tensor.ClearField(field)
     del tensor.external_data[:]
     for key, value in (("location", WEIGHTS_FILE), ("offset", str(offset)), ("length", str(nbytes))):
         entry = tensor.external_data.add()
         entry.key, entry.value = key, value
-    tensor.data_location = onnx.TensorProto.EXTERNAL
+    tensor.data_location = TensorProto.EXTERNAL
 
 
 def default_root() -> Path:

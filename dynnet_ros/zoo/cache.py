@@ -16,15 +16,14 @@ from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
-import onnx
-
+from dynnet_ros.engine.modelio.onnx_proto import ModelProto
 from dynnet_ros.settings import settings
 
 from . import depth, gated, lane, multiexit, pedestrian
 
 log = logging.getLogger(__name__)
 MODEL_NAMES: tuple[str, ...] = ("lane", "pedestrian", "depth", "gated", "multiexit")
-_BUILDERS: dict[str, Callable[[], onnx.ModelProto]] = {
+_BUILDERS: dict[str, Callable[[], ModelProto]] = {
     "lane": lane.build, "pedestrian": pedestrian.build, "depth": depth.build,
     "gated": gated.build, "multiexit": multiexit.build,
 }
@@ -53,7 +52,7 @@ def _check_name(name: str) -> None:
         raise ValueError(f"unknown zoo model {name!r}; expected one of {', '.join(MODEL_NAMES)}")
 
 
-def build_model(name: str) -> onnx.ModelProto:
+def build_model(name: str) -> ModelProto:
     """Build model ``name`` in memory (deterministic: same bytes every time)."""
     _check_name(name)
     model = _BUILDERS[name]()

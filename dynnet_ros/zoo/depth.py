@@ -20,7 +20,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import onnx
+
+from dynnet_ros.engine.modelio.onnx_proto import ModelProto, TensorProto
 
 from .graph import FLOAT, GraphBuilder, image_input
 
@@ -46,7 +47,7 @@ def _cell_average(g: GraphBuilder, lidar: str, mask: str, cell: int, weight: flo
 def _sparse_fusion(g: GraphBuilder, lidar: str, net_depth: str) -> tuple[str, str, str]:
     """m*L + (1-m)*(c*D + (1-c)*N): exact at LiDAR hits, densified LiDAR near them. Also the coarse
     map with the network's prior in place of N, and the mean confidence c (the early exit)."""
-    mask = g.op("Cast", [g.op("Greater", [lidar, g.const([0.0])])], to=onnx.TensorProto.FLOAT)
+    mask = g.op("Cast", [g.op("Greater", [lidar, g.const([0.0])])], to=TensorProto.FLOAT)
     num, den = _cell_average(g, lidar, mask, 8, 1.0)
     n, d = _cell_average(g, lidar, mask, 32, 0.05)
     num, den = g.op("Add", [num, n]), g.op("Add", [den, d])
@@ -64,7 +65,7 @@ def _sparse_fusion(g: GraphBuilder, lidar: str, net_depth: str) -> tuple[str, st
     return fused, coarse, confidence
 
 
-def build() -> onnx.ModelProto:
+def build() -> ModelProto:
     g = GraphBuilder("depth", SEED)
     img = image_input(g)
     lidar_in = g.add_input("lidar_depth", FLOAT, [1, 1, "H", "W"])

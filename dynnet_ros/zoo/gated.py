@@ -10,7 +10,8 @@ Convolution weights are random (fixed seed).
 from __future__ import annotations
 
 import numpy as np
-import onnx
+
+from dynnet_ros.engine.modelio.onnx_proto import ModelProto
 
 from .graph import FLOAT, GraphBuilder, image_input
 
@@ -43,7 +44,7 @@ def _gated_block(g: GraphBuilder, x: str, gates: str, i: int) -> str:
     return g.op("If", [cond], prefix=f"block{i}_if", then_branch=then.graph(), else_branch=skip.graph())
 
 
-def build() -> onnx.ModelProto:
+def build() -> ModelProto:
     g = GraphBuilder("gated", SEED)
     x = image_input(g)
     gates = _gates(g, x)

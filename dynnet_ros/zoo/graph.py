@@ -12,9 +12,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import onnx
 from numpy.typing import DTypeLike
-from onnx import TensorProto, helper, numpy_helper
+
+from dynnet_ros.engine.modelio.onnx_proto import (
+    GraphProto,
+    ModelProto,
+    NodeProto,
+    TensorProto,
+    ValueInfoProto,
+    from_array,
+    make_graph,
+    make_model,
+    make_node,
+    make_opsetid,
+    make_tensor_value_info,
+)
 
 OPSET = 17
 IR_VERSION = 8  # the IR version that introduced opset 17; onnxruntime 1.32 loads it
@@ -30,7 +42,7 @@ class _Shared:
 
     rng: np.random.Generator
     counts: Counter[str] = field(default_factory=Counter)
-    initializers: list[onnx.TensorProto] = field(default_factory=list)
+    initializers: list[TensorProto] = field(default_factory=list)
     const_cache: dict[tuple[str, tuple[int, ...], bytes], str] = field(default_factory=dict)
 
 
@@ -40,9 +52,9 @@ class GraphBuilder:
     def __init__(self, name: str, seed: int, _shared: _Shared | None = None) -> None:
         self.name = name
         self._s = _shared or _Shared(rng=np.random.default_rng(seed))
-        self.nodes: list[onnx.NodeProto] = []
-        self.inputs: list[onnx.ValueInfoProto] = []
-        self.outputs: list[onnx.ValueInfoProto] = []
+        self.nodes: list[NodeProto] = []
+        self.inputs: list[ValueInfoProto] = []
+        self.outputs: list[ValueInfoProto] = []
 
     # ------------------------------------------------------------------ naming / constants
     @property
@@ -58,7 +70,7 @@ class GraphBuilder:
     def weight(self, prefix: str, value: np.ndarray) -> str:
         """Store ``value`` as a fresh initializer of the (outer-most) graph."""
         name = self.fresh(prefix)
-        self._s.initializers.append(numpy_helper.from_array(np.array(value, order="C"), name))  # 0-d stays 0-d
+        self._s.initializers.append(from_array(np.array(value, order="C"), name))  # 0-d stays 0-d
         return name
 
     def const(self, value: Any, dtype: DTypeLike = np.float32) -> str:
@@ -73,7 +85,7 @@ class GraphBuilder:
     def op(self, op_type: str, inputs: Sequence[str], prefix: str | None = None, **attrs: Any) -> str:
         """Add one single-output node; returns its output name (also the node name)."""
         base = self.fresh(prefix or op_type.lower())
-        self.nodes.append(helper.make_node(op_type, list(inputs), [base], name=base, **attrs))
+        self.nodes.append(make_node(op_type, list(inputs), [base], name=base, **attrs))
         return base
 
     def op_multi(self, op_type: str, inputs: Sequence[str], n_out: int, prefix: str | None = None,
@@ -81,18 +93,18 @@ class GraphBuilder:
         """Add one node with ``n_out`` outputs named ``<node>_o<i>``; returns those names."""
         base = self.fresh(prefix or op_type.lower())
         outs = [f"{base}_o{i}" for i in range(n_out)]
-        self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=base, **attrs))
+        self.nodes.append(make_node(op_type, list(inputs), outs, name=base, **attrs))
         return outs
 
     def add_input(self, name: str, elem_type: int, shape: Sequence[int | str]) -> str:
-        self.inputs.append(helper.make_tensor_value_info(name, elem_type, list(shape)))
+        self.inputs.append(make_tensor_value_info(name, elem_type, list(shape)))
         return name
 
     def add_output(self, tensor: str, name: str, elem_type: int, shape: Sequence[int | str] | None) -> str:
         """Expose ``tensor`` as graph output ``name`` (through an Identity when renaming)."""
         if tensor != name:
-            self.nodes.append(helper.make_node("Identity", [tensor], [name], name=self.fresh("out")))
-        self.outputs.append(helper.make_tensor_value_info(name, elem_type, shape))
+            self.nodes.append(make_node("Identity", [tensor], [name], name=self.fresh("out")))
+        self.outputs.append(make_tensor_value_info(name, elem_type, shape))
         return name
 
     # ------------------------------------------------------------------ layers
@@ -169,14 +181,14 @@ class GraphBuilder:
         """A builder for an If branch: own node list, same names/weights/RNG (outer-scope refs)."""
         return GraphBuilder(name, 0, _shared=self._s)
 
-    def graph(self) -> onnx.GraphProto:
+    def graph(self) -> GraphProto:
         """This builder's nodes as a GraphProto (branch graphs carry no initializers)."""
-        return helper.make_graph(self.nodes, self.name, self.inputs, self.outputs)
+        return make_graph(self.nodes, self.name, self.inputs, self.outputs)
 
-    def model(self, doc: str, metadata: dict[str, str] | None = None) -> onnx.ModelProto:
-        graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs,
+    def model(self, doc: str, metadata: dict[str, str] | None = None) -> ModelProto:
+        graph = make_graph(self.nodes, self.name, self.inputs, self.outputs,
                                   initializer=self._s.initializers)
-        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+        m = make_model(graph, opset_imports=[make_opsetid("", OPSET)],
                               producer_name="dynnet_ros.zoo", doc_string=doc)
         m.ir_version = IR_VERSION
         for key, value in sorted((metadata or {}).items()):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 
-import onnx
+from dynnet_ros.engine.modelio.onnx_proto import ModelProto
 
 from .graph import FLOAT, GraphBuilder, image_input
 
@@ -26,7 +26,7 @@ DEC = (96, 48, 24)                     # channels at /16 /8 /4
 _TOPHAT_BIAS, _TOPHAT_GAIN, _WHITE_FLOOR = 0.2, 30.0, 0.25
 
 
-def build() -> onnx.ModelProto:
+def build() -> ModelProto:
     g = GraphBuilder("lane", SEED)
     x = image_input(g)
     skips, cin, h = [], 3, x

@@ -5,7 +5,7 @@ GlobalAveragePool -> Flatten -> Gemm(10). Weights are random (fixed seed).
 """
 from __future__ import annotations
 
-import onnx
+from dynnet_ros.engine.modelio.onnx_proto import ModelProto
 
 from .graph import FLOAT, GraphBuilder, image_input
 
@@ -18,7 +18,7 @@ def _res(g: GraphBuilder, x: str, c: int) -> str:
     return g.relu(g.op("Add", [x, y]))
 
 
-def build() -> onnx.ModelProto:
+def build() -> ModelProto:
     g = GraphBuilder("multiexit", SEED)
     x = image_input(g)
     h = g.cbr(x, 3, 16, 3, stride=2)

@@ -27,7 +27,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import onnx
+
+from dynnet_ros.engine.modelio.onnx_proto import ModelProto, TensorProto
 
 from .graph import FLOAT, INT64, GraphBuilder, image_input
 
@@ -91,7 +92,7 @@ def _hand_channels(g: GraphBuilder, energy: str, stride: int) -> tuple[str, str,
     cls = g.op("Add", [g.op("Mul", [anchor, g.const([_CLS_GAIN])]), g.const([_CLS_BIAS])])
     # CenterNet-style peak picking: only 3x3 local maxima keep their score
     peak_max = g.op("MaxPool", [centre], kernel_shape=[3, 3], pads=[1, 1, 1, 1], prefix=f"blob{stride}_peakmax")
-    peak = g.op("Cast", [g.op("GreaterOrEqual", [centre, peak_max])], to=onnx.TensorProto.FLOAT,
+    peak = g.op("Cast", [g.op("GreaterOrEqual", [centre, peak_max])], to=TensorProto.FLOAT,
                 prefix=f"blob{stride}_peak")
     return obj, g.op("Mul", [cls, peak]), peak
 
@@ -102,8 +103,8 @@ def _decode(g: GraphBuilder, pred: str, obj_hand: str, cls_hand: str, peak: str,
     tx, ty, tw, th, obj, cls = g.op_multi("Split", [pred, g.const([1] * 6, np.int64)], 6, axis=1,
                                           prefix=f"head{stride}_split")
     shape = g.op("Shape", [pred])
-    h = g.op("Cast", [g.op("Gather", [shape, g.const(2, np.int64)], axis=0)], to=onnx.TensorProto.FLOAT)
-    w = g.op("Cast", [g.op("Gather", [shape, g.const(3, np.int64)], axis=0)], to=onnx.TensorProto.FLOAT)
+    h = g.op("Cast", [g.op("Gather", [shape, g.const(2, np.int64)], axis=0)], to=TensorProto.FLOAT)
+    w = g.op("Cast", [g.op("Gather", [shape, g.const(3, np.int64)], axis=0)], to=TensorProto.FLOAT)
     zero, one = g.const(0.0), g.const(1.0)
     gy = g.op("Unsqueeze", [g.op("Range", [zero, h, one], prefix=f"grid{stride}_y"), g.const([1], np.int64)])
     gx = g.op("Unsqueeze", [g.op("Range", [zero, w, one], prefix=f"grid{stride}_x"), g.const([0], np.int64)])
@@ -129,7 +130,7 @@ def _decode(g: GraphBuilder, pred: str, obj_hand: str, cls_hand: str, peak: str,
     return box, score
 
 
-def build() -> onnx.ModelProto:
+def build() -> ModelProto:
     g = GraphBuilder("pedestrian", SEED)
     image = image_input(g)
     score_thr = g.add_input("score_threshold", FLOAT, [1])
@@ -165,7 +166,7 @@ def build() -> onnx.ModelProto:
     all_scores = g.op("Concat", scores, axis=2, prefix="all_scores")             # [1,1,A]
 
     # clip to the image: 0 <= x <= W, 0 <= y <= H
-    ishape = g.op("Cast", [g.op("Shape", [image])], to=onnx.TensorProto.FLOAT)
+    ishape = g.op("Cast", [g.op("Shape", [image])], to=TensorProto.FLOAT)
     hw = g.op("Gather", [ishape, g.const([3, 2, 3, 2], np.int64)], axis=0)      # [W,H,W,H]
     all_boxes = g.op("Min", [g.op("Max", [all_boxes, g.const([0.0])]), hw], prefix="clipped_boxes")
 

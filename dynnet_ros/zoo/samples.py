@@ -9,8 +9,9 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-import onnx
 import onnxruntime as ort
+
+from dynnet_ros.engine.modelio.onnx_proto import ModelProto
 
 from .cache import MODEL_NAMES
 
@@ -40,7 +41,7 @@ class Latency:
     runs: int
 
 
-def measure_latency(model: onnx.ModelProto, name: str, height: int = 480, width: int = 640,
+def measure_latency(model: ModelProto, name: str, height: int = 480, width: int = 640,
                     threads: int = 2, runs: int = 10, warmup: int = 2) -> Latency:
     """onnxruntime CPU latency of one model (session options: ``threads`` intra-op threads)."""
 

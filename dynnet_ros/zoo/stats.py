@@ -11,8 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import onnx
-from onnx import shape_inference
+
+from dynnet_ros.engine.modelio import onnx_proto
+from dynnet_ros.engine.modelio.onnx_proto import (
+    AttributeProto,
+    GraphProto,
+    ModelProto,
+    NodeProto,
+    TensorProto,
+    tensor_dtype_to_np_dtype,
+)
 
 
 @dataclass(frozen=True)
@@ -33,19 +41,19 @@ class ModelStats:
         return 2.0 * self.macs / 1e9
 
 
-def _initializer_sizes(graph: onnx.GraphProto) -> tuple[int, int]:
+def _initializer_sizes(graph: GraphProto) -> tuple[int, int]:
     params = nbytes = 0
     for init in graph.initializer:
         n = int(np.prod(init.dims)) if init.dims else 1
-        itemsize = onnx.helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
+        itemsize = tensor_dtype_to_np_dtype(init.data_type).itemsize
         nbytes += n * itemsize
-        if init.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16):
+        if init.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16):
             params += n
     return params, nbytes
 
 
-def _pinned(model: onnx.ModelProto, height: int, width: int) -> onnx.ModelProto:
-    pinned = onnx.ModelProto()
+def _pinned(model: ModelProto, height: int, width: int) -> ModelProto:
+    pinned = ModelProto()
     pinned.CopyFrom(model)
     for inp in pinned.graph.input:
         for dim in inp.type.tensor_type.shape.dim:
@@ -53,10 +61,10 @@ def _pinned(model: onnx.ModelProto, height: int, width: int) -> onnx.ModelProto:
                 dim.dim_value = height
             elif dim.dim_param == "W":
                 dim.dim_value = width
-    return shape_inference.infer_shapes(pinned, data_prop=True)
+    return onnx_proto.onnx_library().shape_inference.infer_shapes(pinned, data_prop=True)
 
 
-def _shapes(graph: onnx.GraphProto, known: dict[str, list[int | None]]) -> None:
+def _shapes(graph: GraphProto, known: dict[str, list[int | None]]) -> None:
     for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
         dims = vi.type.tensor_type.shape.dim
         known[vi.name] = [d.dim_value if d.HasField("dim_value") else None for d in dims]
@@ -82,7 +90,7 @@ def _concrete(dims: list[int | None] | None) -> list[int] | None:
     return [d for d in dims if d is not None]
 
 
-def _node_cost(node: onnx.NodeProto, known: dict[str, list[int | None]]) -> LayerCost | None:
+def _node_cost(node: NodeProto, known: dict[str, list[int | None]]) -> LayerCost | None:
     if node.op_type not in ("Conv", "Gemm", "MatMul"):
         return None
     out = _concrete(known.get(node.output[0]))
@@ -104,25 +112,25 @@ def _node_cost(node: onnx.NodeProto, known: dict[str, list[int | None]]) -> Laye
     return LayerCost(node.name, node.op_type, macs, params, tuple(out))
 
 
-def _graph_layers(graph: onnx.GraphProto, known: dict[str, list[int | None]], out: list[LayerCost]) -> None:
+def _graph_layers(graph: GraphProto, known: dict[str, list[int | None]], out: list[LayerCost]) -> None:
     _shapes(graph, known)
     for node in graph.node:
         cost = _node_cost(node, known)
         if cost is not None:
             out.append(cost)
         for attr in node.attribute:   # If/Loop bodies: count the then-branch (upper bound)
-            if attr.type == onnx.AttributeProto.GRAPH and attr.name in ("then_branch", "body"):
+            if attr.type == AttributeProto.GRAPH and attr.name in ("then_branch", "body"):
                 _graph_layers(attr.g, dict(known), out)
 
 
-def layer_costs(model: onnx.ModelProto, height: int = 480, width: int = 640) -> list[LayerCost]:
+def layer_costs(model: ModelProto, height: int = 480, width: int = 640) -> list[LayerCost]:
     """Per-node MACs/params of the Conv/Gemm/MatMul nodes (If then-branches included)."""
     out: list[LayerCost] = []
     _graph_layers(_pinned(model, height, width).graph, {}, out)
     return out
 
 
-def model_stats(model: onnx.ModelProto, height: int = 480, width: int = 640) -> ModelStats:
+def model_stats(model: ModelProto, height: int = 480, width: int = 640) -> ModelStats:
     """Params, weight bytes and MACs of ``model`` with H, W pinned to ``height`` x ``width``."""
     params, nbytes = _initializer_sizes(model.graph)
     macs = sum(c.macs for c in layer_costs(model, height, width))

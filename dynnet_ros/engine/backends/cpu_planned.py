@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import onnx
 
 from dynnet_ros.engine.backends.cut_timing import (
     Probe,
@@ -27,6 +26,7 @@ from dynnet_ros.engine.backends.cut_timing import (
 from dynnet_ros.engine.backends.cut_verdict import cut_verdict
 from dynnet_ros.engine.modelio.loader import load_skeleton, source_path
 from dynnet_ros.engine.modelio.models import input_specs
+from dynnet_ros.engine.modelio.onnx_proto import ModelProto
 from dynnet_ros.engine.plan.cost_model import CutChoice
 from dynnet_ros.engine.plan.layout import laid_out_skeleton
 from dynnet_ros.engine.plan.options import PlannerOptions, plan_profile
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 LEAN_TIMINGS = 3
 
 
-def create_planned_executor(model: onnx.ModelProto | str, *, threads: int | None = None, layout: str = "nchwc",
+def create_planned_executor(model: ModelProto | str, *, threads: int | None = None, layout: str = "nchwc",
                             input_shapes: Mapping[str, tuple[int, ...]] | None = None, **options) -> Executor:
     """A PlannedExecutor, or the plain executor (with a warning) if planning this model fails.
 
@@ -81,7 +81,7 @@ def timed_point(verdict: Mapping[str, Any] | None) -> dict[str, Any]:
     return {"curve_segments": int(verdict["segments"]), "curve_reason": str(verdict.get("reason", ""))}
 
 
-def plan_here(model: onnx.ModelProto, *, threads: int | None, layout: str, options: Mapping[str, Any]) -> Executor:
+def plan_here(model: ModelProto, *, threads: int | None, layout: str, options: Mapping[str, Any]) -> Executor:
     """Plan ``model`` in this process (``options``: PlannerOptions fields); the single plain session
     where the cost model finds nothing to save, or where planning fails."""
     if layout == "nchwc":
@@ -202,7 +202,7 @@ def lean_verdict(path: str, threads: int | None, baseline: OrtExecutor, feeds: M
     return {"lean": ratio <= limit, "lean_ratio": round(ratio, 3)}
 
 
-def _one_session(model: onnx.ModelProto, threads: int | None, exc: NothingToSave) -> Executor:
+def _one_session(model: ModelProto, threads: int | None, exc: NothingToSave) -> Executor:
     """One onnxruntime session (OrtExecutor), lean where the cost model predicts that saves: the
     cost model found nothing to save by cutting. Untimed (a model given in memory, or explicit
     options), as the "memory" profile runs."""

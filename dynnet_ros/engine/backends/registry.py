@@ -3,13 +3,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import onnx
-
 from dynnet_ros.engine.backends.cpu_planned import create_planned_executor
 from dynnet_ros.engine.backends.tensorrt import TensorRTExecutor
 from dynnet_ros.engine.backends.trt_env import tensorrt_unavailable_reason
 from dynnet_ros.engine.modelio.loader import load_skeleton
 from dynnet_ros.engine.modelio.models import load_model
+from dynnet_ros.engine.modelio.onnx_proto import ModelProto
 from dynnet_ros.engine.runtime.base import Executor
 from dynnet_ros.engine.runtime.ort_executor import OrtExecutor
 
@@ -21,16 +20,16 @@ def available_backends() -> dict[str, str | None]:
     return {"cpu": None, "ort": None, "tensorrt": tensorrt_unavailable_reason()}
 
 
-def load_for_backend(backend: str, model) -> onnx.ModelProto:
+def load_for_backend(backend: str, model) -> ModelProto:
     """The checked ModelProto the backend wants: for the planned "cpu" backend and a model file, a
     weightless graph whose weights are external-data references into that file (onnxruntime
     reads them once, straight into its sessions); otherwise the full model."""
-    if backend == "cpu" and not isinstance(model, onnx.ModelProto):
+    if backend == "cpu" and not isinstance(model, ModelProto):
         return load_skeleton(model)
     return load_model(model)
 
 
-def create_executor(backend: str, model: onnx.ModelProto | str, *, threads: int | None = None,
+def create_executor(backend: str, model: ModelProto | str, *, threads: int | None = None,
                     layout: str = "nchwc", input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> Executor:
     """The in-memory executor of ``backend`` for a ModelProto from ``load_for_backend`` or a
     model file's path (the planned backend then reads the file only where it plans);

@@ -37,8 +37,6 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
-import onnx
-from onnx import helper
 
 from dynnet_ros.engine.backends.trt_cache import EngineCache, model_sha256
 from dynnet_ros.engine.backends.trt_config import TrtOptions
@@ -47,6 +45,7 @@ from dynnet_ros.engine.backends.trt_plan import DeviceInfo, EnginePart, EnginePl
 from dynnet_ros.engine.backends.trt_profiles import ProfileSet
 from dynnet_ros.engine.backends.trt_switch import EngineSwitch, NotServable
 from dynnet_ros.engine.modelio.models import output_names
+from dynnet_ros.engine.modelio.onnx_proto import ModelProto, tensor_dtype_to_np_dtype
 from dynnet_ros.engine.runtime.base import Executor, ExecutorStats
 from dynnet_ros.engine.runtime.ort_executor import OrtExecutor
 
@@ -247,7 +246,7 @@ class TensorRTExecutor:
 
     name = "tensorrt"
 
-    def __init__(self, model: onnx.ModelProto, *, threads: int | None = None, options: TrtOptions | None = None,
+    def __init__(self, model: ModelProto, *, threads: int | None = None, options: TrtOptions | None = None,
                  fallback: Callable[[], Executor] | None = None) -> None:
         import pycuda.driver as cuda  # optional dependency: the package imports on machines without CUDA
         import tensorrt as trt  # optional dependency, as pycuda
@@ -264,7 +263,7 @@ class TensorRTExecutor:
         self._model_bytes = model.SerializeToString()
         self._sha = model_sha256(model)
         self._order = output_names(model)
-        self._onnx_outputs = {o.name: np.dtype(helper.tensor_dtype_to_np_dtype(o.type.tensor_type.elem_type))
+        self._onnx_outputs = {o.name: np.dtype(tensor_dtype_to_np_dtype(o.type.tensor_type.elem_type))
                               for o in model.graph.output}
         self._cache = EngineCache(self.options.cache_dir)
         self.plan: EnginePlan | None = None

@@ -26,13 +26,13 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import onnx
+from dynnet_ros.engine.modelio.onnx_proto import ModelProto
 
 #: bump when the build logic (tensorrt.py) changes in a way that alters the plan
 BUILD_LOGIC_VERSION = 2
 
 
-def model_sha256(model: onnx.ModelProto | bytes) -> str:
+def model_sha256(model: ModelProto | bytes) -> str:
     data = model if isinstance(model, bytes) else model.SerializeToString(deterministic=True)
     return hashlib.sha256(data).hexdigest()
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import onnx
-from onnx import helper, shape_inference
 
 from dynnet_ros.bytesize import MB
+from dynnet_ros.engine.modelio import onnx_proto
+from dynnet_ros.engine.modelio.onnx_proto import ModelProto, tensor_dtype_to_np_dtype
 from dynnet_ros.engine.plan.memory_plan import lower_bound
 from dynnet_ros.settings import load_settings, settings
 
@@ -94,7 +94,7 @@ class PrecisionDecision:
     reason: str
 
 
-def has_qdq(model: onnx.ModelProto) -> bool:
+def has_qdq(model: ModelProto) -> bool:
     return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
 
 
@@ -135,11 +135,11 @@ def choose_precision(requested: str, *, fast_fp16: bool, fast_int8: bool, quanti
 
 
 # ------------------------------------------------------------------------------- memory
-def activation_bytes(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> tuple[int, int]:
+def activation_bytes(model: ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> tuple[int, int]:
     """(most intermediate bytes live at once in graph order, tensors of unknown size) at
     ``shapes`` — an estimate of an execution context's activation memory (TensorRT fuses and
     reuses, so it usually needs less)."""
-    work = onnx.ModelProto()
+    work = ModelProto()
     work.CopyFrom(model)
     for value in work.graph.input:
         if value.name in shapes:
@@ -148,7 +148,7 @@ def activation_bytes(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...
                 dim.ClearField("dim_param")
                 dim.dim_value = int(size)
     try:
-        inferred = shape_inference.infer_shapes(work, data_prop=True)
+        inferred = onnx_proto.onnx_library().shape_inference.infer_shapes(work, data_prop=True)
     except Exception as exc:  # noqa: BLE001 - onnx's C++ inference raises several unrelated types
         log.info("onnx shape inference failed (%s); the workspace estimate is coarser", exc)
         inferred = work
@@ -159,7 +159,7 @@ def activation_bytes(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...
         if not t.HasField("shape") or any(d is None for d in dims) or not t.elem_type:
             sizes.setdefault(value.name, None)
             continue
-        item = np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type)).itemsize
+        item = np.dtype(tensor_dtype_to_np_dtype(t.elem_type)).itemsize
         sizes[value.name] = math.prod(dims) * item
     weights = {i.name for i in model.graph.initializer}
     first: dict[str, int] = {}

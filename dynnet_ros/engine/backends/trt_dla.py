@@ -18,10 +18,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import onnx
-from onnx import numpy_helper, shape_inference
 
 from dynnet_ros.engine.backends.trt_profiles import ProfileSet
+from dynnet_ros.engine.modelio import onnx_proto
+from dynnet_ros.engine.modelio.onnx_proto import ModelProto, NodeProto, TensorProto, get_attribute_value, to_array
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +61,14 @@ def _gpu(reason: str, verdicts=(), loadables: int = 0) -> Placement:
 class _Graph:
     """Constants, ranks and dims of a model at one static input shape."""
 
-    def __init__(self, model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> None:
-        self.consts: dict[str, np.ndarray] = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    def __init__(self, model: ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        self.consts: dict[str, np.ndarray] = {i.name: to_array(i) for i in model.graph.initializer}
         for node in model.graph.node:
             if node.op_type == "Constant" and node.output:
                 for attr in node.attribute:
                     if attr.name == "value":
-                        self.consts[node.output[0]] = numpy_helper.to_array(attr.t)
-        fixed = onnx.ModelProto()
+                        self.consts[node.output[0]] = to_array(attr.t)
+        fixed = ModelProto()
         fixed.CopyFrom(model)
         for value in fixed.graph.input:
             if value.name in shapes:
@@ -76,7 +76,7 @@ class _Graph:
                     dim.ClearField("dim_param")
                     dim.dim_value = int(size)
         try:
-            fixed = shape_inference.infer_shapes(fixed, data_prop=True)
+            fixed = onnx_proto.onnx_library().shape_inference.infer_shapes(fixed, data_prop=True)
         except Exception as exc:  # noqa: BLE001 - onnx's C++ inference raises several unrelated types
             log.info("onnx shape inference failed (%s); DLA checks see the declared shapes only", exc)
         self.dims: dict[str, list[int | None]] = {}
@@ -94,15 +94,15 @@ class _Graph:
         return None if dims is None else len(dims)
 
 
-def _attrs(node: onnx.NodeProto) -> dict:
-    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+def _attrs(node: NodeProto) -> dict:
+    return {a.name: get_attribute_value(a) for a in node.attribute}
 
 
 def _in_range(values, low: int, high: int) -> bool:
     return all(low <= int(v) <= high for v in values)
 
 
-def _check(node: onnx.NodeProto, g: _Graph) -> str | None:
+def _check(node: NodeProto, g: _Graph) -> str | None:
     """None when the node is DLA-capable under the allow-list, else why not."""
     op, a = node.op_type, _attrs(node)
     inputs = [i for i in node.input if i]
@@ -113,7 +113,7 @@ def _check(node: onnx.NodeProto, g: _Graph) -> str | None:
         name = arg(k)
         return None if name is None else g.consts.get(name)
     data = inputs[0] if inputs else None
-    floaty = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16}
+    floaty = {TensorProto.FLOAT, TensorProto.FLOAT16}
     for name in inputs:
         if name not in g.consts and g.types.get(name) not in floaty:
             return f"input '{name}' is not a float tensor (DLA computes FP16/INT8 on float data)"
@@ -218,7 +218,7 @@ def _check(node: onnx.NodeProto, g: _Graph) -> str | None:
     return "not in the DLA allow-list"
 
 
-def op_verdicts(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> list[OpVerdict]:
+def op_verdicts(model: ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> list[OpVerdict]:
     """Per node: DLA-capable or not (and why) at one static input shape."""
     g = _Graph(model, shapes)
     out = []
@@ -228,7 +228,7 @@ def op_verdicts(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -
     return out
 
 
-def count_loadables(model: onnx.ModelProto, verdicts: list[OpVerdict]) -> int:
+def count_loadables(model: ModelProto, verdicts: list[OpVerdict]) -> int:
     """Connected stretches of DLA-capable nodes (each becomes one DLA loadable)."""
     supported = [v.supported and v.op_type not in NO_OPS for v in verdicts]
     producer = {out: i for i, node in enumerate(model.graph.node) for out in node.output if out}
@@ -259,7 +259,7 @@ def dla_capable_version(version: str) -> bool:
     return major == 10 and minor <= 7
 
 
-def decide_placement(model: onnx.ModelProto, profiles: ProfileSet, *, requested_core: int | None,
+def decide_placement(model: ModelProto, profiles: ProfileSet, *, requested_core: int | None,
                      dla_cores: int, precision: str, allow_gpu_fallback: bool = True,
                      min_dla_fraction: float = 0.5, tensorrt_version: str | None = None) -> Placement:
     """DLA ``requested_core`` when it exists, the precision and shapes allow it and enough of the

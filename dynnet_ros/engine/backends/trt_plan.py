@@ -14,8 +14,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import onnx
-
 from dynnet_ros.engine.backends.trt_cache import EngineKey, model_sha256
 from dynnet_ros.engine.backends.trt_config import (
     PrecisionDecision,
@@ -40,6 +38,7 @@ from dynnet_ros.engine.backends.trt_profiles import (
     weighted_samples,
 )
 from dynnet_ros.engine.modelio.models import input_specs, weight_bytes
+from dynnet_ros.engine.modelio.onnx_proto import ModelProto
 
 
 @dataclass(frozen=True)
@@ -98,14 +97,14 @@ class EnginePlan:
                 f"{len(self.parts)} engine(s)")
 
 
-def initial_samples(model: onnx.ModelProto, options: TrtOptions) -> dict[Signature, float]:
+def initial_samples(model: ModelProto, options: TrtOptions) -> dict[Signature, float]:
     """The shape distribution to plan for: ``options.shapes`` over the model's defaults."""
     specs = input_specs(model)
     given = parse_shape_spec(options.shapes) if options.shapes else None
     return weighted_samples(grid_samples(specs, default_symbol_values(specs, given)))
 
 
-def plan_engine(model: onnx.ModelProto, samples: Mapping[Signature, float], options: TrtOptions,
+def plan_engine(model: ModelProto, samples: Mapping[Signature, float], options: TrtOptions,
                 device: DeviceInfo, *, sha256: str | None = None) -> EnginePlan:
     """Decide every build setting; ValueError when a request cannot be met (e.g. int8 without
     Q/DQ, a budget below the model's minimum)."""

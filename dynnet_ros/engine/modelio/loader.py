@@ -15,17 +15,22 @@ import os
 import sys
 
 import numpy as np
-import onnx
-from onnx import helper
 
 from dynnet_ros.engine.modelio.model_check import INVALID_MODEL_EXIT, check_model_file
 from dynnet_ros.engine.modelio.models import clear_negative_dims, load_model
+from dynnet_ros.engine.modelio.onnx_proto import (
+    AttributeProto,
+    ModelProto,
+    TensorProto,
+    make_tensor_value_info,
+    tensor_dtype_to_np_dtype,
+)
 
 EXTERNAL_DIR_KEY = "dynnet_ros.external_data_dir"
 SOURCE_PATH_KEY = "dynnet_ros.source_path"  # the file a weightless skeleton was loaded from
 _MIN_BYTES = 1024
-_INT_TYPES = {onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16, onnx.TensorProto.INT8,
-              onnx.TensorProto.UINT8, onnx.TensorProto.BOOL}
+_INT_TYPES = {TensorProto.INT64, TensorProto.INT32, TensorProto.INT16, TensorProto.INT8,
+              TensorProto.UINT8, TensorProto.BOOL}
 
 
 def stays_embedded(data_type: int, nbytes: int) -> bool:
@@ -34,25 +39,25 @@ def stays_embedded(data_type: int, nbytes: int) -> bool:
     return nbytes < _MIN_BYTES or (data_type in _INT_TYPES and nbytes <= 4096 * 8)
 
 
-def hoist_weight_constants(proto: onnx.ModelProto) -> onnx.ModelProto:
+def hoist_weight_constants(proto: ModelProto) -> ModelProto:
     """A copy of ``proto`` whose top-level ``Constant`` nodes holding a weight-sized ``value``
     tensor are initializers of the same name, by the rule ``skeleton_bytes`` applies to files:
     the same values under the same name, counted and streamed like any other weight. Constants
     that are graph outputs, live inside ``If``/``Loop`` bodies or sit in an IR < 4 model (whose
     initializers must be graph inputs) stay as they are."""
-    out = onnx.ModelProto()
+    out = ModelProto()
     out.CopyFrom(proto)
     if out.ir_version < 4:
         return out
     outputs = {o.name for o in out.graph.output}
     kept = []
     for node in out.graph.node:
-        value = next((a.t for a in node.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR),
+        value = next((a.t for a in node.attribute if a.name == "value" and a.type == AttributeProto.TENSOR),
                      None)
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and value is not None \
                 and len(node.output) == 1 and node.output[0] not in outputs and len(node.attribute) == 1:
             nbytes = int(np.prod(value.dims, dtype=np.int64)) * \
-                np.dtype(helper.tensor_dtype_to_np_dtype(value.data_type)).itemsize
+                np.dtype(tensor_dtype_to_np_dtype(value.data_type)).itemsize
             if not stays_embedded(value.data_type, nbytes):
                 tensor = out.graph.initializer.add()
                 tensor.CopyFrom(value)
@@ -124,7 +129,7 @@ def _string_entry(key: str, value: str) -> bytes:
 #: packed TensorProto fields whose payload is the tensor's little-endian bytes, as raw_data would
 #: hold them: float_data of a FLOAT tensor, double_data of a DOUBLE one (PaddlePaddle's exporter
 #: writes its weights as float_data)
-_PACKED_AS_RAW = {4: onnx.TensorProto.FLOAT, 10: onnx.TensorProto.DOUBLE}
+_PACKED_AS_RAW = {4: TensorProto.FLOAT, 10: TensorProto.DOUBLE}
 
 
 def _tensor_without_data(buf, start: int, end: int, location: str) -> bytes:
@@ -146,7 +151,7 @@ def _tensor_without_data(buf, start: int, end: int, location: str) -> bytes:
         return bytes(buf[start:end])
     for key, value in (("location", location), ("offset", str(raw[0])), ("length", str(length))):
         kept += _len_field(13, _string_entry(key, value))
-    kept += _encode_varint(14 << 3 | 0) + _encode_varint(onnx.TensorProto.EXTERNAL)
+    kept += _encode_varint(14 << 3 | 0) + _encode_varint(TensorProto.EXTERNAL)
     return bytes(kept)
 
 
@@ -230,13 +235,13 @@ def _graph_skeleton(buf, start: int, end: int, location: str, hoist: bool) -> by
     return bytes(graph)
 
 
-def skeleton_proto(path: str) -> onnx.ModelProto:
+def skeleton_proto(path: str) -> ModelProto:
     """The weightless ModelProto of ``path``, not yet checked (ValueError if it is no protobuf)."""
     if not os.path.isfile(path):
         raise ValueError(f"model file not found: {path}")
     try:
         data = skeleton_bytes(path)
-        proto = onnx.ModelProto.FromString(data)
+        proto = ModelProto.FromString(data)
     except Exception as exc:  # truncated / not a protobuf
         raise ValueError(f"{path} is not a readable ONNX model: {exc}") from exc
     entry = proto.metadata_props.add()
@@ -246,12 +251,12 @@ def skeleton_proto(path: str) -> onnx.ModelProto:
     return clear_negative_dims(proto)
 
 
-def check_skeleton(proto: onnx.ModelProto) -> None:
+def check_skeleton(proto: ModelProto) -> None:
     """onnx's checks (and messages) as for a full load; ValueError if the model is invalid."""
     load_model(_checkable(proto))
 
 
-def load_skeleton(path: str | os.PathLike, *, check: bool = True) -> onnx.ModelProto:
+def load_skeleton(path: str | os.PathLike, *, check: bool = True) -> ModelProto:
     """A checked, weightless ModelProto for ``path`` (ValueError on unreadable / invalid models).
 
     The check runs once per file content, in a child process (modelio/model_check.py);
@@ -265,30 +270,30 @@ def load_skeleton(path: str | os.PathLike, *, check: bool = True) -> onnx.ModelP
     return proto
 
 
-def _checkable(proto: onnx.ModelProto) -> onnx.ModelProto:
+def _checkable(proto: ModelProto) -> ModelProto:
     """The checker resolves external data against the working directory; check a copy whose
     referenced weights are declared as graph inputs instead (the references point into the file
     that was just scanned, so they are valid by construction)."""
-    copy = onnx.ModelProto()
+    copy = ModelProto()
     copy.CopyFrom(proto)
-    external = [t for t in copy.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    external = [t for t in copy.graph.initializer if t.data_location == TensorProto.EXTERNAL]
     declared = {v.name for v in copy.graph.input}
     for tensor in external:
         copy.graph.initializer.remove(tensor)
         if tensor.name not in declared:
-            copy.graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type,
+            copy.graph.input.append(make_tensor_value_info(tensor.name, tensor.data_type,
                                                                       list(tensor.dims)))
     if copy.ir_version < 4:
         copy.ir_version = 4
     return copy
 
 
-def source_path(model: onnx.ModelProto) -> str | None:
+def source_path(model: ModelProto) -> str | None:
     """The model file a skeleton from ``load_skeleton`` came from (None for in-memory models)."""
     return next((e.value for e in model.metadata_props if e.key == SOURCE_PATH_KEY), None)
 
 
-def external_data_dir(model: onnx.ModelProto) -> str | None:
+def external_data_dir(model: ModelProto) -> str | None:
     """Directory that the model's external-data locations are relative to, if it was loaded here."""
     for entry in model.metadata_props:
         if entry.key == EXTERNAL_DIR_KEY:
@@ -296,7 +301,7 @@ def external_data_dir(model: onnx.ModelProto) -> str | None:
     return None
 
 
-def read_external(tensor: onnx.TensorProto, base_dir: str | None):
+def read_external(tensor: TensorProto, base_dir: str | None):
     """Values of an external-data initializer (a fresh array), or None if not readable here.
 
     Used by simplification passes that need weight values (BatchNormalization folding); the
@@ -312,7 +317,7 @@ def read_external(tensor: onnx.TensorProto, base_dir: str | None):
     return array.reshape(tuple(tensor.dims)).astype(dtype.newbyteorder("="), copy=False)
 
 
-def map_external(tensor: onnx.TensorProto, base_dir: str | None) -> np.ndarray | None:
+def map_external(tensor: TensorProto, base_dir: str | None) -> np.ndarray | None:
     """A read-only memory map of an external-data initializer's bytes in its file (no copy), or
     None if not readable here or not stored little-endian-native.
 
@@ -329,17 +334,17 @@ def map_external(tensor: onnx.TensorProto, base_dir: str | None) -> np.ndarray |
     return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=tuple(int(d) for d in tensor.dims))
 
 
-def _external_span(tensor: onnx.TensorProto, base_dir: str | None) -> tuple[str, np.dtype, int, int] | None:
+def _external_span(tensor: TensorProto, base_dir: str | None) -> tuple[str, np.dtype, int, int] | None:
     """(file, little-endian dtype, element count, byte offset) of an external-data initializer
     whose file lies inside ``base_dir``; None otherwise."""
-    if tensor.data_location != onnx.TensorProto.EXTERNAL or base_dir is None:
+    if tensor.data_location != TensorProto.EXTERNAL or base_dir is None:
         return None
     info = {e.key: e.value for e in tensor.external_data}
     location = info.get("location", "")
     path = os.path.join(base_dir, location)
     if not location or os.path.isabs(location) or ".." in location.split(os.sep) or not os.path.isfile(path):
         return None
-    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).newbyteorder("<")
+    dtype = np.dtype(tensor_dtype_to_np_dtype(tensor.data_type)).newbyteorder("<")
     count = 1
     for d in tensor.dims:
         count *= int(d)

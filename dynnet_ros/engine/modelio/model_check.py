@@ -9,14 +9,13 @@ child process. Invalid models still raise ValueError with the checker's first li
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
 import subprocess
 import sys
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-
-import onnx
 
 from dynnet_ros.bytesize import MB
 from dynnet_ros.settings import settings
@@ -40,6 +39,12 @@ def _digest(path: str, size: int, mtime_ns: int) -> str:
     return digest.hexdigest()
 
 
+@lru_cache(maxsize=1)
+def onnx_version() -> str:
+    """The installed onnx's version (its checker decides a verdict), read without importing onnx."""
+    return importlib.metadata.version("onnx")
+
+
 def verdict_dir() -> Path:
     """Verdicts live beside the layout cache (``$DYNNET_LAYOUT_DIR/checked``)."""
     return settings().cache.layout_dir / "checked"
@@ -51,7 +56,7 @@ def check_model_file(path: str | os.PathLike, check_in_process: Callable[[], Non
     ``python -m child_module PATH`` checks in a child process and exits with
     ``INVALID_MODEL_EXIT`` (reason on stderr) for an invalid model; ``check_in_process()`` performs
     the check here when no child can run."""
-    marker = verdict_dir() / f"{file_digest(path)[:32]}-onnx{onnx.__version__}"
+    marker = verdict_dir() / f"{file_digest(path)[:32]}-onnx{onnx_version()}"
     if marker.is_file():
         return
     try:

@@ -12,10 +12,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import onnx
-from onnx import helper
 
-ModelLike = str | os.PathLike | onnx.ModelProto
+from dynnet_ros.engine.modelio import onnx_proto
+from dynnet_ros.engine.modelio.onnx_proto import (
+    ModelProto,
+    TensorProto,
+    TensorShapeProto,
+    ValueInfoProto,
+    make_value_info,
+    tensor_dtype_to_np_dtype,
+)
+
+ModelLike = str | os.PathLike | ModelProto
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RESERVED_SYMBOLS = {"min", "max"}  # names of RDP's shape-expression functions
@@ -63,13 +71,13 @@ class InputSpec:
         return f"{self.name}: {element}" if self.kind == "tensor" else f"{self.name}: {self.kind}({element})"
 
 
-def load_model(model: ModelLike, *, check: bool = True, external_data: bool = True) -> onnx.ModelProto:
+def load_model(model: ModelLike, *, check: bool = True, external_data: bool = True) -> ModelProto:
     """Return a checked ModelProto or raise ValueError saying what is wrong.
 
     ``external_data=False`` leaves weights stored beside the file unread (analyses that need
     only the graph and the tensors' shapes).
     """
-    if isinstance(model, onnx.ModelProto):
+    if isinstance(model, ModelProto):
         proto = model
         where = "<in-memory model>"
     elif isinstance(model, (str, os.PathLike)):
@@ -77,18 +85,18 @@ def load_model(model: ModelLike, *, check: bool = True, external_data: bool = Tr
         if not os.path.isfile(where):
             raise ValueError(f"model file not found: {where}")
         try:
-            proto = onnx.load(where, load_external_data=external_data)
+            proto = onnx_proto.load(where, load_external_data=external_data)
         except Exception as exc:  # protobuf DecodeError, truncated external data, ...
             raise ValueError(f"{where} is not a readable ONNX model: {exc}") from exc
     else:
         raise ValueError(f"expected an onnx.ModelProto or a path, got {type(model).__name__}")
     if check:
         try:
-            if isinstance(model, onnx.ModelProto):
-                onnx.checker.check_model(proto)
+            if isinstance(model, ModelProto):
+                onnx_proto.onnx_library().checker.check_model(proto)
             else:
-                onnx.checker.check_model(where)  # path form handles >2 GB / external data
-        except (onnx.checker.ValidationError, Exception) as exc:
+                onnx_proto.onnx_library().checker.check_model(where)  # path form handles >2 GB / external data
+        except Exception as exc:  # the checker's ValidationError, or a model it cannot read
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ValueError(f"{where} failed the ONNX checker: {first_line}") from exc
     if not proto.graph.output:
@@ -96,7 +104,7 @@ def load_model(model: ModelLike, *, check: bool = True, external_data: bool = Tr
     return clear_negative_dims(proto)
 
 
-def clear_negative_dims(proto: onnx.ModelProto) -> onnx.ModelProto:
+def clear_negative_dims(proto: ModelProto) -> ModelProto:
     """``proto``, or a copy of it where dims written as a negative ``dim_value`` (paddle2onnx and
     others write ``-1``) on the graph's inputs, outputs and value infos are unnamed dynamic dims.
 
@@ -104,7 +112,7 @@ def clear_negative_dims(proto: onnx.ModelProto) -> onnx.ModelProto:
     size"; every reader of ``dim_value`` here would otherwise take it as a size of -1. A copy,
     so that a caller's in-memory model is never changed.
     """
-    def negative(model: onnx.ModelProto) -> list[onnx.TensorShapeProto.Dimension]:
+    def negative(model: ModelProto) -> list[TensorShapeProto.Dimension]:
         graph = model.graph
         return [dim for value in [*graph.input, *graph.output, *graph.value_info]
                 if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape")
@@ -112,7 +120,7 @@ def clear_negative_dims(proto: onnx.ModelProto) -> onnx.ModelProto:
 
     if not negative(proto):
         return proto
-    copy = onnx.ModelProto()
+    copy = ModelProto()
     copy.CopyFrom(proto)
     for dim in negative(copy):
         dim.Clear()
@@ -120,16 +128,16 @@ def clear_negative_dims(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _element_dtype(elem_type: int) -> np.dtype:
-    if elem_type == onnx.TensorProto.STRING:
+    if elem_type == TensorProto.STRING:
         return np.dtype(object)
-    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+    return np.dtype(tensor_dtype_to_np_dtype(elem_type))
 
 
-def _spec(value: onnx.ValueInfoProto, has_default: bool) -> InputSpec:
+def _spec(value: ValueInfoProto, has_default: bool) -> InputSpec:
     type_proto = value.type
     kind = type_proto.WhichOneof("value")
     if kind == "optional_type" and type_proto.optional_type.elem_type.HasField("tensor_type"):
-        inner = _spec(onnx.helper.make_value_info(value.name, type_proto.optional_type.elem_type), has_default)
+        inner = _spec(make_value_info(value.name, type_proto.optional_type.elem_type), has_default)
         return InputSpec(value.name, inner.dtype, inner.dims, "optional", inner.shaped, has_default)
     if kind != "tensor_type":
         names = {"sequence_type": "sequence", "map_type": "map", "sparse_tensor_type": "sparse",
@@ -148,34 +156,34 @@ def _spec(value: onnx.ValueInfoProto, has_default: bool) -> InputSpec:
                      shaped=tensor_type.HasField("shape"), has_default=has_default)
 
 
-def input_specs(proto: onnx.ModelProto) -> list[InputSpec]:
+def input_specs(proto: ModelProto) -> list[InputSpec]:
     """Graph inputs that are not initializers (ONNX IR < 4 lists weights as inputs too)."""
     initializers = {init.name for init in proto.graph.initializer}
     return [_spec(value, False) for value in proto.graph.input if value.name not in initializers]
 
 
-def default_specs(proto: onnx.ModelProto) -> list[InputSpec]:
+def default_specs(proto: ModelProto) -> list[InputSpec]:
     """Graph inputs with an initializer: a caller may feed them (onnxruntime's overridable
     initializers) or leave them to the initializer's value."""
     initializers = {init.name for init in proto.graph.initializer}
     return [_spec(value, True) for value in proto.graph.input if value.name in initializers]
 
 
-def output_names(proto: onnx.ModelProto) -> list[str]:
+def output_names(proto: ModelProto) -> list[str]:
     return [value.name for value in proto.graph.output]
 
 
-def weight_bytes(proto: onnx.ModelProto) -> int:
+def weight_bytes(proto: ModelProto) -> int:
     """Bytes of all initializers (what must be resident to run the model in memory)."""
     total = 0
     for init in proto.graph.initializer:
         count = int(np.prod(init.dims)) if init.dims else 1
-        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type)).itemsize
+        itemsize = np.dtype(tensor_dtype_to_np_dtype(init.data_type)).itemsize
         total += count * itemsize
     return total
 
 
-def pin_input_dims(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto:
+def pin_input_dims(model: ModelProto, shapes: Mapping[str, Sequence[int]]) -> ModelProto:
     """Set the named graph inputs' dims to concrete sizes, in place (for shape inference at one size)."""
     for value in model.graph.input:
         if value.name in shapes:

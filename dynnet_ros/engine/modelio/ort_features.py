@@ -19,9 +19,19 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
+
+from dynnet_ros.engine.modelio.onnx_proto import (
+    ModelProto,
+    NodeProto,
+    TensorProto,
+    from_array,
+    make_graph,
+    make_model,
+    make_node,
+    make_opsetid,
+    make_tensor_value_info,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +60,13 @@ class OrtFeatures:
         return asdict(self)
 
 
-def _model(nodes: list[onnx.NodeProto], inputs: list[str], output: str,
-           initializers: list[TensorProto]) -> onnx.ModelProto:
-    graph = helper.make_graph(nodes, "probe",
-                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in inputs],
-                              [helper.make_tensor_value_info(output, TensorProto.FLOAT, None)], initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                    helper.make_opsetid("com.microsoft", 1)])
+def _model(nodes: list[NodeProto], inputs: list[str], output: str,
+           initializers: list[TensorProto]) -> ModelProto:
+    graph = make_graph(nodes, "probe",
+                              [make_tensor_value_info(n, TensorProto.FLOAT, None) for n in inputs],
+                              [make_tensor_value_info(output, TensorProto.FLOAT, None)], initializers)
+    model = make_model(graph, opset_imports=[make_opsetid("", 17),
+                                                    make_opsetid("com.microsoft", 1)])
     model.ir_version = 8
     return model
 
@@ -69,7 +79,7 @@ def _options(level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_
     return options
 
 
-def _run(model: onnx.ModelProto, options: ort.SessionOptions, feeds: dict[str, np.ndarray]) -> np.ndarray:
+def _run(model: ModelProto, options: ort.SessionOptions, feeds: dict[str, np.ndarray]) -> np.ndarray:
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     return session.run(None, feeds)[0]
 
@@ -84,7 +94,7 @@ def probe_external_data_folder() -> bool:
         for key, value in (("location", "w.bin"), ("offset", "0"), ("length", str(weight.nbytes))):
             entry = tensor.external_data.add()
             entry.key, entry.value = key, value
-        model = _model([helper.make_node("Add", ["x", "w"], ["y"])], ["x"], "y", [tensor])
+        model = _model([make_node("Add", ["x", "w"], ["y"])], ["x"], "y", [tensor])
         options = _options()
         options.add_session_config_entry(EXTERNAL_FOLDER_KEY, folder)
         try:
@@ -98,8 +108,8 @@ def probe_external_data_folder() -> bool:
 def probe_initializer_by_reference() -> bool:
     """A weight added with ``add_initializer`` and changed after session creation: the run sees it."""
     weight = np.ones((2, 3), dtype=np.float32)
-    model = _model([helper.make_node("Add", ["x", "w"], ["y"])], ["x"], "y",
-                   [numpy_helper.from_array(np.zeros((2, 3), np.float32), "w")])
+    model = _model([make_node("Add", ["x", "w"], ["y"])], ["x"], "y",
+                   [from_array(np.zeros((2, 3), np.float32), "w")])
     options = _options()
     options.add_session_config_entry("session.disable_prepacking", "1")
     value = ort.OrtValue.ortvalue_from_numpy(weight)
@@ -117,14 +127,14 @@ def probe_initializer_by_reference() -> bool:
 def probe_nchwc_fused_conv_sum() -> bool:
     """FusedConv(X, W, B, Z) at ORT_ENABLE_ALL against Conv + Add with every optimisation off."""
     rng = np.random.default_rng(0)
-    w = numpy_helper.from_array(rng.standard_normal((16, 8, 3, 3)).astype(np.float32), "w")
-    b = numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b")
+    w = from_array(rng.standard_normal((16, 8, 3, 3)).astype(np.float32), "w")
+    b = from_array(rng.standard_normal(16).astype(np.float32), "b")
     feeds = {"x": rng.standard_normal((1, 8, 12, 10)).astype(np.float32),
              "z": rng.standard_normal((1, 16, 12, 10)).astype(np.float32)}
-    fused = _model([helper.make_node("FusedConv", ["x", "w", "b", "z"], ["y"], domain="com.microsoft",
+    fused = _model([make_node("FusedConv", ["x", "w", "b", "z"], ["y"], domain="com.microsoft",
                                      pads=[1, 1, 1, 1], activation="Relu")], ["x", "z"], "y", [w, b])
-    plain = _model([helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
-                    helper.make_node("Add", ["c", "z"], ["s"]), helper.make_node("Relu", ["s"], ["y"])],
+    plain = _model([make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+                    make_node("Add", ["c", "z"], ["s"]), make_node("Relu", ["s"], ["y"])],
                    ["x", "z"], "y", [w, b])
     try:
         want = _run(plain, _options(ort.GraphOptimizationLevel.ORT_DISABLE_ALL), feeds)

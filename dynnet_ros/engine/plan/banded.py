@@ -20,9 +20,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-import onnx
 import onnxruntime as ort
-from onnx import helper
+
+from dynnet_ros.engine.modelio.onnx_proto import NodeProto, get_attribute_value, make_attribute
 
 NCHWC = "com.microsoft.nchwc"
 # convolutions whose rows can be banded: ONNX Conv, onnxruntime's NCHWc Conv and FusedConv (conv +
@@ -30,7 +30,7 @@ NCHWC = "com.microsoft.nchwc"
 _CONVS = {("", "Conv"), ("ai.onnx", "Conv"), (NCHWC, "Conv"), ("com.microsoft", "FusedConv")}
 
 
-def _is_conv(node: onnx.NodeProto) -> bool:
+def _is_conv(node: NodeProto) -> bool:
     return (node.domain, node.op_type) in _CONVS and len([i for i in node.input if i]) <= 3
 
 
@@ -82,11 +82,11 @@ def plan_bands(height: int, first: RowGeometry, second: RowGeometry, bands: int)
     return plan
 
 
-def _attrs(node: onnx.NodeProto) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+def _attrs(node: NodeProto) -> dict:
+    return {a.name: get_attribute_value(a) for a in node.attribute}
 
 
-def _geometry(node: onnx.NodeProto) -> RowGeometry | None:
+def _geometry(node: NodeProto) -> RowGeometry | None:
     """The conv's row geometry, or None if it is not a plain 2-D convolution we can band."""
     attrs = _attrs(node)
     kernel = attrs.get("kernel_shape")
@@ -121,8 +121,8 @@ def find_stem(graph, sizes: Mapping[str, int | None], min_bytes: int) -> tuple[i
     return None
 
 
-def _with_row_pads(node: onnx.NodeProto, top: int, bottom: int) -> onnx.NodeProto:
-    copy = onnx.NodeProto()
+def _with_row_pads(node: NodeProto, top: int, bottom: int) -> NodeProto:
+    copy = NodeProto()
     copy.CopyFrom(node)
     pads = list(_attrs(node).get("pads") or [0, 0, 0, 0])
     pads[0], pads[2] = top, bottom
@@ -132,7 +132,7 @@ def _with_row_pads(node: onnx.NodeProto, top: int, bottom: int) -> onnx.NodeProt
             attr.ints.extend(pads)
             break
     else:
-        copy.attribute.append(helper.make_attribute("pads", pads))
+        copy.attribute.append(make_attribute("pads", pads))
     copy.name = f"{node.name}_band_{top}_{bottom}"
     return copy
 
@@ -158,9 +158,9 @@ class BandedRunner:
     ``make_session(node)`` compiles one node into an onnxruntime session over the shared weights.
     """
 
-    first: onnx.NodeProto
-    seconds: list[onnx.NodeProto]           # every reader of the first conv's output (same row geometry)
-    make_session: Callable[[onnx.NodeProto], ort.InferenceSession]
+    first: NodeProto
+    seconds: list[NodeProto]           # every reader of the first conv's output (same row geometry)
+    make_session: Callable[[NodeProto], ort.InferenceSession]
     block_size: int
     mid_channels: int                       # the first conv's output channels (padded if blocked)
     bands: int = 4

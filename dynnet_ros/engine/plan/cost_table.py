@@ -25,10 +25,18 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime as ort
-from onnx import TensorProto, helper
 
+from dynnet_ros.engine.modelio.onnx_proto import (
+    GraphProto,
+    TensorProto,
+    make_graph,
+    make_model,
+    make_node,
+    make_opsetid,
+    make_tensor,
+    make_tensor_value_info,
+)
 from dynnet_ros.engine.plan.cost_model import CostTable
 from dynnet_ros.engine.plan.layout import cpu_block_size
 from dynnet_ros.memtrim import pin_mmap_threshold
@@ -102,7 +110,7 @@ def _best(work: Callable[[], None], repeats: int) -> float:
     return best
 
 
-def _session(graph: onnx.GraphProto, threads: int) -> ort.InferenceSession:
+def _session(graph: GraphProto, threads: int) -> ort.InferenceSession:
     """A session set up like a planned segment's (own pool, no spinning, no arena)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
@@ -112,7 +120,7 @@ def _session(graph: onnx.GraphProto, threads: int) -> ort.InferenceSession:
     options.log_severity_level = 3
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = make_model(graph, opset_imports=[make_opsetid("", 17)])
     model.ir_version = 8
     return ort.InferenceSession(model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"])
 
@@ -129,9 +137,9 @@ def _bound(session: ort.InferenceSession, feeds: dict[str, np.ndarray], outputs:
 
 def _run_overhead(threads: int) -> float:
     """One ``Run`` of a segment whose kernel does (almost) nothing: binding, dispatch, executor setup."""
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [16])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [16])
-    session = _session(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "overhead", [x], [y]), threads)
+    x = make_tensor_value_info("x", TensorProto.FLOAT, [16])
+    y = make_tensor_value_info("y", TensorProto.FLOAT, [16])
+    session = _session(make_graph([make_node("Relu", ["x"], ["y"])], "overhead", [x], [y]), threads)
     return _best(_bound(session, {"x": np.ones(16, np.float32)}, {"y": np.empty(16, np.float32)}), 200)
 
 
@@ -151,11 +159,11 @@ def _fault_per_mb() -> float:
 def _mac_seconds(threads: int) -> float:
     """A 3x3 convolution, 32 -> 32 channels at 56x56, per multiply-accumulate."""
     c, side = 32, 56
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, side, side])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, side, side])
-    w = helper.make_tensor("w", TensorProto.FLOAT, [c, c, 3, 3], np.full(c * c * 9, 0.01, np.float32))
-    node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
-    session = _session(helper.make_graph([node], "conv", [x], [y], [w]), threads)
+    x = make_tensor_value_info("x", TensorProto.FLOAT, [1, c, side, side])
+    y = make_tensor_value_info("y", TensorProto.FLOAT, [1, c, side, side])
+    w = make_tensor("w", TensorProto.FLOAT, [c, c, 3, 3], np.full(c * c * 9, 0.01, np.float32))
+    node = make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
+    session = _session(make_graph([node], "conv", [x], [y], [w]), threads)
     run = _bound(session, {"x": np.ones((1, c, side, side), np.float32)},
                  {"y": np.empty((1, c, side, side), np.float32)})
     return _best(run, 10) / (c * c * 9 * side * side)
@@ -164,8 +172,8 @@ def _mac_seconds(threads: int) -> float:
 def _byte_seconds(threads: int) -> float:
     """An element-wise Add over 1 Mi floats, per byte read or written."""
     n = 1 << 20
-    x, y = (helper.make_tensor_value_info(name, TensorProto.FLOAT, [n]) for name in ("x", "y"))
-    session = _session(helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"])], "add", [x], [y]), threads)
+    x, y = (make_tensor_value_info(name, TensorProto.FLOAT, [n]) for name in ("x", "y"))
+    session = _session(make_graph([make_node("Add", ["x", "x"], ["y"])], "add", [x], [y]), threads)
     run = _bound(session, {"x": np.ones(n, np.float32)}, {"y": np.empty(n, np.float32)})
     return _best(run, 10) / (3 * 4 * n)
 
@@ -178,21 +186,21 @@ def _ort_arena_factor(threads: int, *, lean: bool = False) -> float:
     """Peak memory of a plain onnxruntime session (default options, as users run it; ``lean``: no
     memory patterns, as runtime/ort_executor.py's lean session) over a shape sequence, per byte live at
     once at the largest shape, on a small encoder-decoder."""
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "H", "W"])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, "H", "W"])
+    x = make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "H", "W"])
+    y = make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, "H", "W"])
     rng = np.random.default_rng(0)
     shapes = {"w1": (16, 3, 3, 3), "w2": (32, 16, 3, 3), "w3": (32, 32, 3, 3), "w4": (1, 32, 3, 3)}
-    weights = [helper.make_tensor(n, TensorProto.FLOAT, s, rng.standard_normal(s).astype(np.float32).ravel() * 0.1)
+    weights = [make_tensor(n, TensorProto.FLOAT, s, rng.standard_normal(s).astype(np.float32).ravel() * 0.1)
                for n, s in shapes.items()]
-    scales = helper.make_tensor("scales", TensorProto.FLOAT, [4], [1.0, 1.0, 4.0, 4.0])
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["t1"], pads=[1, 1, 1, 1], strides=[2, 2]),
-             helper.make_node("Relu", ["t1"], ["r1"]),
-             helper.make_node("Conv", ["r1", "w2"], ["t2"], pads=[1, 1, 1, 1], strides=[2, 2]),
-             helper.make_node("Conv", ["t2", "w3"], ["t3"], pads=[1, 1, 1, 1]),
-             helper.make_node("Resize", ["t3", "", "scales"], ["t4"], mode="nearest"),
-             helper.make_node("Conv", ["t4", "w4"], ["y"], pads=[1, 1, 1, 1])]
-    model = helper.make_model(helper.make_graph(nodes, "arena", [x], [y], weights + [scales]),
-                              opset_imports=[helper.make_opsetid("", 17)])
+    scales = make_tensor("scales", TensorProto.FLOAT, [4], [1.0, 1.0, 4.0, 4.0])
+    nodes = [make_node("Conv", ["x", "w1"], ["t1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             make_node("Relu", ["t1"], ["r1"]),
+             make_node("Conv", ["r1", "w2"], ["t2"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             make_node("Conv", ["t2", "w3"], ["t3"], pads=[1, 1, 1, 1]),
+             make_node("Resize", ["t3", "", "scales"], ["t4"], mode="nearest"),
+             make_node("Conv", ["t4", "w4"], ["y"], pads=[1, 1, 1, 1])]
+    model = make_model(make_graph(nodes, "arena", [x], [y], weights + [scales]),
+                              opset_imports=[make_opsetid("", 17)])
     model.ir_version = 8
     feeds = [np.ones((1, 3, h, w), np.float32) for h, w in _ARENA_SIDES]
     options = ort.SessionOptions()

@@ -10,9 +10,17 @@ import logging
 from dataclasses import dataclass, field
 
 import numpy as np
-import onnx
-from onnx import helper, numpy_helper
 
+from dynnet_ros.engine.modelio import onnx_proto
+from dynnet_ros.engine.modelio.onnx_proto import (
+    AttributeProto,
+    GraphProto,
+    ModelProto,
+    NodeProto,
+    TensorProto,
+    tensor_dtype_to_np_dtype,
+    to_array,
+)
 from dynnet_ros.engine.plan.ort_types import ort_element_types
 
 log = logging.getLogger(__name__)
@@ -21,18 +29,18 @@ log = logging.getLogger(__name__)
 CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
 
 
-def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+def subgraphs(node: NodeProto) -> list[GraphProto]:
     """Body graphs attached to a node (If branches, Loop/Scan bodies)."""
     out = []
     for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
+        if attr.type == AttributeProto.GRAPH:
             out.append(attr.g)
-        elif attr.type == onnx.AttributeProto.GRAPHS:
+        elif attr.type == AttributeProto.GRAPHS:
             out.extend(attr.graphs)
     return out
 
 
-def all_graphs(graph: onnx.GraphProto):
+def all_graphs(graph: GraphProto):
     """``graph`` and every graph nested in it (If branches, Loop/Scan bodies), depth first."""
     yield graph
     for node in graph.node:
@@ -40,7 +48,7 @@ def all_graphs(graph: onnx.GraphProto):
             yield from all_graphs(sub)
 
 
-def outer_scope_inputs(graph: onnx.GraphProto) -> set[str]:
+def outer_scope_inputs(graph: GraphProto) -> set[str]:
     """Names a body graph uses but does not define (inputs from the enclosing scope)."""
     defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
     used: set[str] = set()
@@ -54,7 +62,7 @@ def outer_scope_inputs(graph: onnx.GraphProto) -> set[str]:
     return used - defined
 
 
-def node_inputs(node: onnx.NodeProto) -> list[str]:
+def node_inputs(node: NodeProto) -> list[str]:
     """Explicit inputs plus the outer-scope tensors read by the node's body graphs."""
     names = [n for n in node.input if n]
     for body in subgraphs(node):
@@ -62,7 +70,7 @@ def node_inputs(node: onnx.NodeProto) -> list[str]:
     return list(dict.fromkeys(names))  # first occurrence of each, in order
 
 
-def node_name(node: onnx.NodeProto, index: int) -> str:
+def node_name(node: NodeProto, index: int) -> str:
     return node.name or f"{node.op_type}_{index}"
 
 
@@ -70,18 +78,18 @@ def node_name(node: onnx.NodeProto, index: int) -> str:
 class GraphIndex:
     """Producers, consumers, dtypes and weights of one model's top-level graph."""
 
-    model: onnx.ModelProto
+    model: ModelProto
     producer: dict[str, int] = field(default_factory=dict)
     consumers: dict[str, list[int]] = field(default_factory=dict)
     dtypes: dict[str, np.dtype] = field(default_factory=dict)
     elem_types: dict[str, int] = field(default_factory=dict)
-    initializers: dict[str, onnx.TensorProto] = field(default_factory=dict)
+    initializers: dict[str, TensorProto] = field(default_factory=dict)
     inputs: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
     weights: dict[str, np.ndarray] = field(default_factory=dict)  # values of placeholder initializers
 
     @classmethod
-    def build(cls, model: onnx.ModelProto, type_hints: dict[str, int] | None = None,
+    def build(cls, model: ModelProto, type_hints: dict[str, int] | None = None,
               weights: dict[str, np.ndarray] | None = None, infer: bool = True) -> GraphIndex:
         """``type_hints``: element types known from elsewhere (RDP, or the model before
         simplification, for tensors whose producer became a contrib op onnx cannot infer).
@@ -107,7 +115,7 @@ class GraphIndex:
         inferred = self.model
         if infer:
             try:
-                inferred = onnx.shape_inference.infer_shapes(self.model, strict_mode=False)
+                inferred = onnx_proto.onnx_library().shape_inference.infer_shapes(self.model, strict_mode=False)
             except Exception as exc:  # noqa: BLE001 - onnx's C++ inference raises several unrelated types
                 # a model onnx cannot infer still runs, typed by the hints and onnxruntime below
                 log.info("onnx shape inference failed on %s (%s); typing from hints and onnxruntime",
@@ -129,7 +137,7 @@ class GraphIndex:
         no_dtype = []
         for name, elem in self.elem_types.items():
             try:
-                self.dtypes[name] = np.dtype(helper.tensor_dtype_to_np_dtype(elem))
+                self.dtypes[name] = np.dtype(tensor_dtype_to_np_dtype(elem))
             except KeyError:  # UNDEFINED or a type onnx maps to no numpy dtype
                 no_dtype.append(name)
         if no_dtype:
@@ -145,10 +153,10 @@ class GraphIndex:
     def initializer_array(self, name: str) -> np.ndarray:
         if name in self.weights:
             return self.weights[name]
-        return numpy_helper.to_array(self.initializers[name])
+        return to_array(self.initializers[name])
 
 
-def _is_big(tensor: onnx.TensorProto, min_bytes: int) -> bool:
+def _is_big(tensor: TensorProto, min_bytes: int) -> bool:
     """Big float weights leave the graph; integer tensors small enough to be shapes stay (RDP reads them)."""
     nbytes = _tensor_nbytes(tensor)
     if tensor.data_type in _INT_TYPES and nbytes <= 4096 * 8:
@@ -156,40 +164,40 @@ def _is_big(tensor: onnx.TensorProto, min_bytes: int) -> bool:
     return nbytes >= min_bytes
 
 
-_INT_TYPES = {onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16, onnx.TensorProto.INT8,
-              onnx.TensorProto.UINT8, onnx.TensorProto.BOOL}
+_INT_TYPES = {TensorProto.INT64, TensorProto.INT32, TensorProto.INT16, TensorProto.INT8,
+              TensorProto.UINT8, TensorProto.BOOL}
 
 
-_DIRECT: dict[int, type[np.generic]] = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np.float64,
-           onnx.TensorProto.FLOAT16: np.float16, onnx.TensorProto.INT64: np.int64,
-           onnx.TensorProto.INT32: np.int32, onnx.TensorProto.INT16: np.int16, onnx.TensorProto.INT8: np.int8,
-           onnx.TensorProto.UINT8: np.uint8, onnx.TensorProto.UINT16: np.uint16,
-           onnx.TensorProto.UINT32: np.uint32, onnx.TensorProto.UINT64: np.uint64, onnx.TensorProto.BOOL: np.bool_}
+_DIRECT: dict[int, type[np.generic]] = {TensorProto.FLOAT: np.float32, TensorProto.DOUBLE: np.float64,
+           TensorProto.FLOAT16: np.float16, TensorProto.INT64: np.int64,
+           TensorProto.INT32: np.int32, TensorProto.INT16: np.int16, TensorProto.INT8: np.int8,
+           TensorProto.UINT8: np.uint8, TensorProto.UINT16: np.uint16,
+           TensorProto.UINT32: np.uint32, TensorProto.UINT64: np.uint64, TensorProto.BOOL: np.bool_}
 
 
-def weight_array(tensor: onnx.TensorProto) -> np.ndarray:
+def weight_array(tensor: TensorProto) -> np.ndarray:
     """The tensor's values with a single copy (``raw_data`` is viewed, not converted twice)."""
     if tensor.HasField("raw_data") and tensor.data_type in _DIRECT:
         dtype = np.dtype(_DIRECT[tensor.data_type]).newbyteorder("<")
         return np.frombuffer(tensor.raw_data, dtype=dtype).reshape(tuple(tensor.dims))
-    return numpy_helper.to_array(tensor)
+    return to_array(tensor)
 
 
-def split_weights(model: onnx.ModelProto, min_bytes: int = 1024) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+def split_weights(model: ModelProto, min_bytes: int = 1024) -> tuple[ModelProto, dict[str, np.ndarray]]:
     """(skeleton, weights): the graph with big initializers as placeholders, and their values once."""
     weights = {t.name: weight_array(t) for t in model.graph.initializer
-               if t.data_location != onnx.TensorProto.EXTERNAL and _is_big(t, min_bytes)}
+               if t.data_location != TensorProto.EXTERNAL and _is_big(t, min_bytes)}
     return strip_weights(model, min_bytes), weights
 
 
-def strip_weights(model: onnx.ModelProto, min_bytes: int = 1024) -> onnx.ModelProto:
+def strip_weights(model: ModelProto, min_bytes: int = 1024) -> ModelProto:
     """Copy of ``model`` whose big initializers keep name/type/dims but no data.
 
     Why: sub-models, inference and specialised versions need the graph's structure, not its
     weights; the weights live once, as numpy arrays handed to every session through
     ``SessionOptions.add_initializer``.
     """
-    out = onnx.ModelProto()
+    out = ModelProto()
     graph = model.graph
     out.ir_version = model.ir_version
     out.opset_import.extend(model.opset_import)
@@ -202,7 +210,7 @@ def strip_weights(model: onnx.ModelProto, min_bytes: int = 1024) -> onnx.ModelPr
     out.functions.extend(model.functions)
     out.metadata_props.extend(model.metadata_props)
     for tensor in graph.initializer:
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        if tensor.data_location == TensorProto.EXTERNAL:
             out.graph.initializer.append(tensor)
         elif _is_big(tensor, min_bytes):
             out.graph.initializer.append(weight_placeholder(tensor.name, tensor.data_type, list(tensor.dims),
@@ -215,22 +223,22 @@ def strip_weights(model: onnx.ModelProto, min_bytes: int = 1024) -> onnx.ModelPr
 SHARED_WEIGHTS_LOCATION = "dynnet-shared-weights"
 
 
-def weight_placeholder(name: str, data_type: int, dims: list[int], nbytes: int) -> onnx.TensorProto:
+def weight_placeholder(name: str, data_type: int, dims: list[int], nbytes: int) -> TensorProto:
     """An initializer marked as external data; sessions receive the real buffer through
     ``SessionOptions.add_external_initializers`` (injected before graph optimisation, so
     onnxruntime's Conv+BN and similar fusions still see the values — ``add_initializer`` is not)."""
-    tensor = onnx.TensorProto(name=name, data_type=data_type, dims=dims)
-    tensor.data_location = onnx.TensorProto.EXTERNAL
+    tensor = TensorProto(name=name, data_type=data_type, dims=dims)
+    tensor.data_location = TensorProto.EXTERNAL
     for key, value in (("location", SHARED_WEIGHTS_LOCATION), ("offset", "0"), ("length", str(nbytes))):
         entry = tensor.external_data.add()
         entry.key, entry.value = key, value
     return tensor
 
 
-def _tensor_nbytes(tensor: onnx.TensorProto) -> int:
+def _tensor_nbytes(tensor: TensorProto) -> int:
     count = int(np.prod(tensor.dims)) if tensor.dims else 1
     try:
-        return count * np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+        return count * np.dtype(tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
     except KeyError:  # UNDEFINED or a type onnx maps to no numpy dtype: no size to count
         return 0
 

@@ -25,12 +25,20 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import onnx
 import onnxruntime as ort
 
 from dynnet_ros.bytesize import MB
+from dynnet_ros.engine.modelio import onnx_proto
 from dynnet_ros.engine.modelio.loader import load_skeleton, skeleton_bytes, source_path
 from dynnet_ros.engine.modelio.model_check import file_digest
+from dynnet_ros.engine.modelio.onnx_proto import (
+    ModelProto,
+    NodeProto,
+    TensorProto,
+    get_attribute_value,
+    make_node,
+    make_tensor,
+)
 from dynnet_ros.engine.rdp.ops.ort_contrib import set_nchwc_block_size
 from dynnet_ros.hostcaps import host_caps
 from dynnet_ros.settings import settings
@@ -96,7 +104,7 @@ def nchwc_layout(source: str | os.PathLike, *, timeout_s: float = 600) -> LaidOu
                 last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
                 raise ValueError(f"onnxruntime could not lay out {source} for NCHWc: {last}")
         # skeleton_bytes: weightless, never the weights in this process
-        nodes = sum(1 for n in onnx.ModelProto.FromString(skeleton_bytes(str(target))).graph.node
+        nodes = sum(1 for n in ModelProto.FromString(skeleton_bytes(str(target))).graph.node
                     if n.domain == "com.microsoft.nchwc")
         (Path(work) / _META).write_text(json.dumps({"source": str(source), "block_size": cpu_block_size(),
                                                     "nchwc_nodes": nodes, "onnxruntime": ort.__version__}))
@@ -112,7 +120,7 @@ def nchwc_layout(source: str | os.PathLike, *, timeout_s: float = 600) -> LaidOu
     return cached
 
 
-def laid_out_skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, LaidOutModel]:
+def laid_out_skeleton(model: ModelProto) -> tuple[ModelProto, LaidOutModel]:
     """The weightless skeleton of ``model``'s blocked-layout rewrite (ValueError if there is none).
 
     ``model`` is a skeleton from ``load_skeleton`` (its source file is rewritten) or a full
@@ -124,7 +132,7 @@ def laid_out_skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, LaidOutM
     with tempfile.TemporaryDirectory() as work:
         if source is None:
             source = str(Path(work) / "model.onnx")
-            onnx.save(model, source)
+            onnx_proto.save(model, source)
         laid = nchwc_layout(source)
         if laid.nchwc_nodes == 0:
             raise ValueError("onnxruntime uses no NCHWc kernels for this model on this CPU")
@@ -159,7 +167,7 @@ def _read_cached(folder: Path) -> LaidOutModel | None:
     return LaidOutModel(path, meta.get("block_size"), int(meta.get("nchwc_nodes", 0)))
 
 
-def narrow_padded_upsamples(model: onnx.ModelProto, block_size: int | None) -> int:
+def narrow_padded_upsamples(model: ModelProto, block_size: int | None) -> int:
     """Upsample a blocked tensor *after* dropping its channel padding, not before.
 
     Why: NCHWc pads channels to the block size, so a 1-channel head map becomes 16 channels; when
@@ -170,7 +178,7 @@ def narrow_padded_upsamples(model: onnx.ModelProto, block_size: int | None) -> i
     gives the same values from a tensor 1/16 the size. Returns the number of rewrites.
     """
     graph = model.graph
-    consumers: dict[str, list[onnx.NodeProto]] = {}
+    consumers: dict[str, list[NodeProto]] = {}
     for node in graph.node:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
@@ -186,19 +194,19 @@ def narrow_padded_upsamples(model: onnx.ModelProto, block_size: int | None) -> i
         if len(users) != 1 or users[0].op_type != "ReorderOutput":
             continue
         back = users[0]
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in back.attribute}
+        attrs = {a.name: get_attribute_value(a) for a in back.attribute}
         channels = int(attrs.get("channels", 0))
         if attrs.get("channels_last", 0) or not channels or block_size is None or channels % block_size == 0:
             continue
-        up_attrs = {a.name: onnx.helper.get_attribute_value(a) for a in up.attribute}
+        up_attrs = {a.name: get_attribute_value(a) for a in up.attribute}
         mode = up_attrs.get("mode", b"nearest").decode()
         transform = up_attrs.get("coordinate_transformation_mode", b"asymmetric").decode()
         scales = [float(v) for v in up_attrs.get("scales", [])]
         narrow = f"{up.output[0]}_narrow"
         scales_name = f"{up.output[0]}_scales"
-        graph.initializer.append(onnx.helper.make_tensor(scales_name, onnx.TensorProto.FLOAT, [len(scales)], scales))
+        graph.initializer.append(make_tensor(scales_name, TensorProto.FLOAT, [len(scales)], scales))
         extra = {"nearest_mode": "floor"} if mode == "nearest" else {}
-        resize = onnx.helper.make_node("Resize", [narrow, "", scales_name], list(back.output), name=f"{up.name}_narrow",
+        resize = make_node("Resize", [narrow, "", scales_name], list(back.output), name=f"{up.name}_narrow",
                                        mode=mode, coordinate_transformation_mode=transform, **extra)
         back.input[0] = up.input[0]
         del back.output[:]
@@ -221,13 +229,13 @@ def _rewrite(source: str, target: str) -> None:
     options.optimized_model_filepath = target
     options.log_severity_level = 3
     ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
-    model = onnx.load(target)
-    keep_interface(model, onnx.load(source, load_external_data=False))
+    model = onnx_proto.load(target)
+    keep_interface(model, onnx_proto.load(source, load_external_data=False))
     narrow_padded_upsamples(model, cpu_block_size())
-    onnx.save(model, target)
+    onnx_proto.save(model, target)
 
 
-def keep_interface(model: onnx.ModelProto, source: onnx.ModelProto) -> None:
+def keep_interface(model: ModelProto, source: ModelProto) -> None:
     """Graph inputs/outputs exactly as the source declares them: onnxruntime writes its own view
     (e.g. an output without a shape field, which onnx's checker rejects)."""
     for mine, theirs in ((model.graph.input, source.graph.input), (model.graph.output, source.graph.output)):

@@ -12,15 +12,22 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 
-import onnx
 import onnxruntime as ort
-from onnx import helper
+
+from dynnet_ros.engine.modelio.onnx_proto import (
+    ModelProto,
+    TensorProto,
+    ValueInfoProto,
+    make_graph,
+    make_model,
+    make_tensor_value_info,
+)
 
 log = logging.getLogger(__name__)
 
 #: onnxruntime's type names ("tensor(float)") -> ONNX element types
 _ELEM_TYPES: dict[str, int] = {f"tensor({name.lower()})": value
-                               for name, value in onnx.TensorProto.DataType.items() if value}
+                               for name, value in TensorProto.DataType.items() if value}
 
 
 def value_types(values: Mapping[str, ort.OrtValue]) -> dict[str, int]:
@@ -29,7 +36,7 @@ def value_types(values: Mapping[str, ort.OrtValue]) -> dict[str, int]:
             if value.data_type() in _ELEM_TYPES}
 
 
-def ort_element_types(model: onnx.ModelProto, names: Iterable[str]) -> dict[str, int]:
+def ort_element_types(model: ModelProto, names: Iterable[str]) -> dict[str, int]:
     """The element type onnxruntime infers for each of ``names`` (main-graph tensors), for those
     it can type; {} when it cannot load the graph at all."""
     wanted = [name for name in dict.fromkeys(names) if name]
@@ -37,12 +44,12 @@ def ort_element_types(model: onnx.ModelProto, names: Iterable[str]) -> dict[str,
         return {}
     graph = model.graph
     declared = {value.name for value in graph.input}
-    weights = [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+    weights = [make_tensor_value_info(t.name, t.data_type, list(t.dims))
                for t in graph.initializer if t.name not in declared]
-    probe_graph = helper.make_graph(list(graph.node), graph.name or "types", [*graph.input, *weights],
-                                    [onnx.ValueInfoProto(name=name) for name in wanted],
+    probe_graph = make_graph(list(graph.node), graph.name or "types", [*graph.input, *weights],
+                                    [ValueInfoProto(name=name) for name in wanted],
                                     value_info=list(graph.value_info))
-    probe = helper.make_model(probe_graph, opset_imports=list(model.opset_import))
+    probe = make_model(probe_graph, opset_imports=list(model.opset_import))
     probe.ir_version = max(model.ir_version, 4)  # IR >= 4: inputs need not be initializers
     probe.functions.extend(model.functions)
     options = ort.SessionOptions()

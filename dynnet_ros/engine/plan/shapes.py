@@ -12,9 +12,9 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
-import onnx
-
+from dynnet_ros.engine.modelio import onnx_proto
 from dynnet_ros.engine.modelio.models import pin_input_dims
+from dynnet_ros.engine.modelio.onnx_proto import ModelProto, NodeProto
 from dynnet_ros.engine.plan.graph import strip_weights
 from dynnet_ros.engine.rdp import AnalysisResult, analyze
 
@@ -32,7 +32,7 @@ class ShapeSource(Protocol):
     def dims(self, name: str) -> list | None:
         """Symbolic dims (ints / expression strings / None) for reports, or None if unknown."""
 
-    def category(self, node: onnx.NodeProto) -> str | None:
+    def category(self, node: NodeProto) -> str | None:
         """RDP operator category (ISDO/ISDOS/ISVDOS/EDO) after propagation, when known."""
 
 
@@ -70,7 +70,7 @@ class InferredShapes:
 
     name = "onnx-inference"
 
-    def __init__(self, model: onnx.ModelProto) -> None:
+    def __init__(self, model: ModelProto) -> None:
         self._model = strip_weights(model)  # inference needs dims and small constants, not weights
         self._symbolic_dims: dict[str, list | None] | None = None
 
@@ -83,9 +83,9 @@ class InferredShapes:
         return self._symbolic_dims
 
     @staticmethod
-    def _infer(model: onnx.ModelProto) -> dict[str, list | None]:
+    def _infer(model: ModelProto) -> dict[str, list | None]:
         try:
-            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+            inferred = onnx_proto.onnx_library().shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
         except Exception as exc:  # noqa: BLE001 - onnx's C++ inference raises several unrelated types
             log.info("onnx shape inference failed (%s); those shapes stay unknown", exc)
             return {}
@@ -105,7 +105,7 @@ class InferredShapes:
         return out
 
     def shapes(self, input_shapes: Mapping[str, Shape], names: Iterable[str]) -> dict[str, Shape | None]:
-        pinned = onnx.ModelProto()
+        pinned = ModelProto()
         pinned.CopyFrom(self._model)
         # Inference needs no weights' values beyond small shape constants; big ones stay (rarely used).
         pin_input_dims(pinned, input_shapes)
@@ -173,7 +173,7 @@ def _edo_downstream(records) -> set[str]:
     return tainted
 
 
-def make_shape_source(model: onnx.ModelProto, use_rdp: bool = True) -> ShapeSource:
+def make_shape_source(model: ModelProto, use_rdp: bool = True) -> ShapeSource:
     """RDP when the analysis succeeds on this model, else ONNX inference."""
     if use_rdp:
         try:

@@ -26,10 +26,21 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
-import onnx
-from onnx import helper, numpy_helper
 
 from dynnet_ros.engine.modelio.loader import external_data_dir, read_external
+from dynnet_ros.engine.modelio.onnx_proto import (
+    GraphProto,
+    ModelProto,
+    NodeProto,
+    TensorProto,
+    from_array,
+    get_attribute_value,
+    make_node,
+    make_opsetid,
+    np_dtype_to_tensor_dtype,
+    tensor_dtype_to_np_dtype,
+    to_array,
+)
 from dynnet_ros.engine.plan.graph import node_inputs, subgraphs, weight_placeholder
 from dynnet_ros.engine.rdp import analyze
 
@@ -38,7 +49,7 @@ log = logging.getLogger(__name__)
 ACTIVATIONS = {"Relu": "Relu", "Sigmoid": "Sigmoid", "Tanh": "Tanh", "LeakyRelu": "LeakyRelu"}
 
 
-def is_onnx(node: onnx.NodeProto, *op_types: str) -> bool:
+def is_onnx(node: NodeProto, *op_types: str) -> bool:
     """A default-domain op of one of these types: contrib ops share names (com.microsoft.nchwc Conv
     works on blocked tensors) and must never match a rewrite written for the ONNX op."""
     return node.domain in ("", "ai.onnx") and node.op_type in op_types
@@ -70,8 +81,8 @@ def _shape_ops(ops: Counter) -> dict:
 
 
 class _Rewriter:
-    def __init__(self, model: onnx.ModelProto, rdp, weights: dict[str, np.ndarray] | None) -> None:
-        self.model = onnx.ModelProto()
+    def __init__(self, model: ModelProto, rdp, weights: dict[str, np.ndarray] | None) -> None:
+        self.model = ModelProto()
         self.model.CopyFrom(model)
         # a skeleton's weights live outside the proto; else new weights are embedded in the model
         self.weights_external = weights is not None
@@ -101,12 +112,12 @@ class _Rewriter:
         tensor = self.inits.get(name)
         if tensor is None:
             return None
-        if tensor.data_location != onnx.TensorProto.EXTERNAL:
-            return numpy_helper.to_array(tensor)
+        if tensor.data_location != TensorProto.EXTERNAL:
+            return to_array(tensor)
         # weights that stay in the model file (weightless load): read them only to fold
         return read_external(tensor, external_data_dir(self.model)) if self.weights_external else None
 
-    def consumers(self) -> dict[str, list[onnx.NodeProto]]:
+    def consumers(self) -> dict[str, list[NodeProto]]:
         out: dict[str, list] = {}
         for node in self.graph.node:
             for name in _all_inputs(node):
@@ -116,16 +127,16 @@ class _Rewriter:
     def add_init(self, name: str, array: np.ndarray, big: bool = False) -> None:
         if big and self.weights_external:  # stays out of the proto: a placeholder plus the array in ``weights``
             self.weights[name] = array
-            tensor = weight_placeholder(name, helper.np_dtype_to_tensor_dtype(array.dtype), list(array.shape),
+            tensor = weight_placeholder(name, np_dtype_to_tensor_dtype(array.dtype), list(array.shape),
                                         array.nbytes)
         else:
-            tensor = numpy_helper.from_array(array, name)
+            tensor = from_array(array, name)
         if name in self.inits:
             self.graph.initializer.remove(self.inits[name])
         self.graph.initializer.append(tensor)
         self.inits[name] = tensor
 
-    def bypass(self, node: onnx.NodeProto, keep: str, gone: str, why: str) -> bool:
+    def bypass(self, node: NodeProto, keep: str, gone: str, why: str) -> bool:
         """Remove ``node`` whose output ``gone`` equals its input ``keep``."""
         if gone in self.outputs:
             if keep in self.outputs or keep in self.graph_inputs or keep in self.inits:
@@ -194,9 +205,9 @@ class _Rewriter:
                     break
                 if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in t.value):
                     break
-                if t.dtype not in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
+                if t.dtype not in (TensorProto.INT64, TensorProto.INT32):
                     break
-                dtype = helper.tensor_dtype_to_np_dtype(t.dtype)
+                dtype = tensor_dtype_to_np_dtype(t.dtype)
                 values.append(np.array(t.value, dtype=dtype).reshape(t.dims))
             else:
                 if not outs or any(o in self.outputs for o in outs):
@@ -282,10 +293,10 @@ class _Rewriter:
                     act = nexts[0]
                 x, w = conv.input[0], conv.input[1]
                 bias = conv.input[2] if len(conv.input) > 2 and conv.input[2] else ""
-                attrs = {a.name: helper.get_attribute_value(a) for a in conv.attribute}
+                attrs = {a.name: get_attribute_value(a) for a in conv.attribute}
                 if act is not None:
                     attrs["activation"] = "Relu"
-                fused = helper.make_node("FusedConv", [x, w, bias, other],
+                fused = make_node("FusedConv", [x, w, bias, other],
                                          [act.output[0] if act is not None else out],
                                          name=(conv.name or conv_out) + "_fused", domain="com.microsoft", **attrs)
                 position = list(self.graph.node).index(add)
@@ -302,7 +313,7 @@ class _Rewriter:
                 consumers = self.consumers()
                 break
         if used_domain and not any(o.domain == "com.microsoft" for o in self.model.opset_import):
-            self.model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+            self.model.opset_import.append(make_opsetid("com.microsoft", 1))
 
     def fuse_conv_activation(self) -> None:
         """Conv → Relu/Sigmoid/Tanh (sole consumer) → FusedConv with that activation."""
@@ -314,9 +325,9 @@ class _Rewriter:
             conv = next((n for n in self.graph.node if is_onnx(n, "Conv") and act.input[0] in n.output), None)
             if conv is None or len(consumers.get(act.input[0], [])) != 1 or act.input[0] in self.outputs:
                 continue
-            attrs = {a.name: helper.get_attribute_value(a) for a in conv.attribute}
+            attrs = {a.name: get_attribute_value(a) for a in conv.attribute}
             attrs["activation"] = act.op_type
-            fused = helper.make_node("FusedConv", list(conv.input), [act.output[0]],
+            fused = make_node("FusedConv", list(conv.input), [act.output[0]],
                                      name=(conv.name or conv.output[0]) + "_fused", domain="com.microsoft", **attrs)
             position = list(self.graph.node).index(conv)
             self.graph.node.insert(position, fused)
@@ -326,7 +337,7 @@ class _Rewriter:
             self.report.removed["fused_into_conv"] += 1
             fused_any = True
         if fused_any and not any(o.domain == "com.microsoft" for o in self.model.opset_import):
-            self.model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+            self.model.opset_import.append(make_opsetid("com.microsoft", 1))
 
     def eliminate_dead(self) -> None:
         needed = set(self.outputs)
@@ -348,11 +359,11 @@ class _Rewriter:
             del self.weights[name]
 
 
-def _all_inputs(node: onnx.NodeProto) -> list[str]:
+def _all_inputs(node: NodeProto) -> list[str]:
     return node_inputs(node)
 
 
-def _rename_uses(graph: onnx.GraphProto, old: str, new: str) -> None:
+def _rename_uses(graph: GraphProto, old: str, new: str) -> None:
     for node in graph.node:
         for i, name in enumerate(node.input):
             if name == old:
@@ -361,16 +372,16 @@ def _rename_uses(graph: onnx.GraphProto, old: str, new: str) -> None:
             _rename_uses(body, old, new)
 
 
-def _rename(graph: onnx.GraphProto, old: str, new: str, producer: onnx.NodeProto) -> None:
+def _rename(graph: GraphProto, old: str, new: str, producer: NodeProto) -> None:
     for i, name in enumerate(producer.output):
         if name == old:
             producer.output[i] = new
     _rename_uses(graph, old, new)
 
 
-def simplify(model: onnx.ModelProto, *, use_rdp: bool = True, rdp=None,
+def simplify(model: ModelProto, *, use_rdp: bool = True, rdp=None,
              weights: dict[str, np.ndarray] | None = None, fold_weights: bool = True
-             ) -> tuple[onnx.ModelProto, SimplifyReport]:
+             ) -> tuple[ModelProto, SimplifyReport]:
     """Return a simplified copy of ``model`` and what changed. Outputs stay equal.
 
     ``weights``: values of placeholder initializers when ``model`` is a skeleton (see

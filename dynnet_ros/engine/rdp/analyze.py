@@ -9,10 +9,9 @@ import time
 import warnings
 from collections.abc import Mapping, Sequence
 
-import onnx.inliner
-from onnx import ModelProto
-
+from dynnet_ros.engine.modelio import onnx_proto
 from dynnet_ros.engine.modelio.models import ModelLike, is_dim_symbol, load_model
+from dynnet_ros.engine.modelio.onnx_proto import ModelProto
 from dynnet_ros.settings import settings
 
 from .expr import Dim, Expr, floordiv, mul, substitute, sym
@@ -87,7 +86,7 @@ def _analyze(model_or_path, input_shapes, divisors, strict: bool) -> AnalysisRes
     if len(model.functions):
         # model-local functions (e.g. torch.onnx dynamo exports): analyse their bodies
         try:
-            model = onnx.inliner.inline_local_functions(model)
+            model = onnx_proto.onnx_library().inliner.inline_local_functions(model)
         except Exception as exc:  # noqa: BLE001 - calls stay unknown ops (nac + warning)
             warnings.warn(f"RDP: could not inline model-local functions: {exc}", RuntimeWarning, stacklevel=3)
     g = model.graph

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from onnx import TensorProto
+from dynnet_ros.engine.modelio.onnx_proto import TensorProto
 
 from .expr import Dim, Expr, sym, symbol_upper_bound
 from .lattice import TensorInfo, meet, nac, seq_info, shaped

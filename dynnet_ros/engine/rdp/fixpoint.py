@@ -18,8 +18,9 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 
 import numpy as np
-from onnx import GraphProto, NodeProto, TensorProto, numpy_helper
 from onnx.checker import ValidationError
+
+from dynnet_ros.engine.modelio.onnx_proto import GraphProto, NodeProto, TensorProto, to_array
 
 from . import ops  # noqa: F401 - registers every transfer function
 from .expr import Dim, Expr, Sym, exact_div, mul, sub, substitute
@@ -88,7 +89,7 @@ def initializer_info(init: TensorProto) -> TensorInfo:
     limit = _FLOAT_INIT_VALUES if is_float else MAX_VALUE_ELEMS
     if n <= limit and init.data_type != TensorProto.STRING:
         try:
-            arr: np.ndarray | None = numpy_helper.to_array(init)
+            arr: np.ndarray | None = to_array(init)
             if arr is not None and arr.dtype.kind not in "biuf":
                 try:
                     arr = arr.astype(np.float64)

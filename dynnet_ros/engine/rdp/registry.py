@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from onnx import NodeProto, helper, numpy_helper
+
+from dynnet_ros.engine.modelio.onnx_proto import NodeProto, get_attribute_value, to_array
 
 from .expr import Dim, Expr, bounds
 from .lattice import TensorInfo
@@ -91,9 +92,9 @@ class Ctx:
                 elif a.type == a.GRAPHS:
                     d[a.name] = list(a.graphs)
                 elif a.type == a.TENSOR:
-                    d[a.name] = numpy_helper.to_array(a.t)
+                    d[a.name] = to_array(a.t)
                 else:
-                    v = helper.get_attribute_value(a)
+                    v = get_attribute_value(a)
                     if isinstance(v, bytes):
                         v = v.decode("utf-8", "replace")
                     elif isinstance(v, list) and v and isinstance(v[0], bytes):

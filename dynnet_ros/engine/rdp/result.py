@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from onnx import TensorProto
+from dynnet_ros.engine.modelio.onnx_proto import TensorProto
 
 from .expr import Dim, Expr, FDiv, Sym, evaluate, to_json_dim
 from .lattice import TensorInfo, value_json

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from functools import cache
 
-import onnx
-from onnx import NodeProto, TensorProto
+from dynnet_ros.engine.modelio import onnx_proto
+from dynnet_ros.engine.modelio.onnx_proto import GraphProto, NodeProto, TensorProto
 
 from .lattice import TensorInfo
 
@@ -58,7 +58,7 @@ def _attribute_type(node: NodeProto, input_types: list[int]) -> int | None:
     return None
 
 
-def _declared(graph: onnx.GraphProto) -> list[int]:
+def _declared(graph: GraphProto) -> list[int]:
     return [v.type.tensor_type.elem_type if v.type.HasField("tensor_type") else 0 for v in graph.output]
 
 
@@ -80,8 +80,8 @@ def _schema_rules(domain: str, op_type: str, opset: int) -> tuple[tuple[str, int
     """Per formal output: (type variable, first input index bound to it or None, the single type
     it allows or None); None when onnx has no schema for the op."""
     try:
-        schema = onnx.defs.get_schema(op_type, opset, domain)
-    except onnx.defs.SchemaError:  # no schema in onnx's library (contrib ops, custom domains)
+        schema = onnx_proto.onnx_library().defs.get_schema(op_type, opset, domain)
+    except onnx_proto.onnx_library().defs.SchemaError:  # no schema in onnx's library (contrib ops, custom domains)
         return None
     first_input: dict[str, int] = {}
     for index, formal in enumerate(schema.inputs):

@@ -14,9 +14,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
-import onnx
-from onnx import helper, numpy_helper
 
+from dynnet_ros.engine.modelio.onnx_proto import (
+    GraphProto,
+    ModelProto,
+    NodeProto,
+    ValueInfoProto,
+    from_array,
+    make_graph,
+    make_model,
+    make_tensor_value_info,
+)
 from dynnet_ros.engine.plan.arena import Arena
 from dynnet_ros.engine.plan.graph import GraphIndex, outer_scope_inputs
 
@@ -29,12 +37,12 @@ class NestedExecutorFactory(Protocol):
     Why passed in: the planned executor builds these runners, so they take its constructor as an
     argument rather than import the module that imports them."""
 
-    def __call__(self, model: onnx.ModelProto, options: Any, *, arena: Arena | None = None) -> Any: ...
+    def __call__(self, model: ModelProto, options: Any, *, arena: Arena | None = None) -> Any: ...
 
 
-def branch_model(branch: onnx.GraphProto, parent: GraphIndex, skeleton: onnx.ModelProto,
+def branch_model(branch: GraphProto, parent: GraphIndex, skeleton: ModelProto,
                  weights: Mapping[str, np.ndarray], ranks: Mapping[str, int],
-                 formal: Sequence[onnx.ValueInfoProto] = ()) -> onnx.ModelProto:
+                 formal: Sequence[ValueInfoProto] = ()) -> ModelProto:
     """A standalone model for one branch or body: outer-scope activations become inputs (symbolic
     dims) after ``formal`` (a Loop body's own inputs, as the caller typed them)."""
     outer = sorted(outer_scope_inputs(branch))
@@ -42,15 +50,15 @@ def branch_model(branch: onnx.GraphProto, parent: GraphIndex, skeleton: onnx.Mod
     inputs, inits = list(formal), []
     for k, name in enumerate(outer):
         if name in skeleton_inits:
-            inits.append(numpy_helper.from_array(weights[name], name) if name in weights else skeleton_inits[name])
+            inits.append(from_array(weights[name], name) if name in weights else skeleton_inits[name])
             continue
         if name not in parent.elem_types or name not in ranks:
             raise ValueError(f"outer-scope input {name!r} has no known type/rank")
         dims = [f"b{k}_{axis}" for axis in range(ranks[name])]
-        inputs.append(helper.make_tensor_value_info(name, parent.elem_types[name], dims))
-    graph = helper.make_graph(list(branch.node), branch.name or "branch", inputs, list(branch.output),
+        inputs.append(make_tensor_value_info(name, parent.elem_types[name], dims))
+    graph = make_graph(list(branch.node), branch.name or "branch", inputs, list(branch.output),
                               list(branch.initializer) + inits, value_info=list(branch.value_info))
-    model = helper.make_model(graph, opset_imports=list(skeleton.opset_import))
+    model = make_model(graph, opset_imports=list(skeleton.opset_import))
     model.ir_version = skeleton.ir_version
     model.functions.extend(skeleton.functions)
     model.metadata_props.extend(skeleton.metadata_props)
@@ -60,7 +68,7 @@ def branch_model(branch: onnx.GraphProto, parent: GraphIndex, skeleton: onnx.Mod
 class IfRunner:
     """Runs one ``If`` node: evaluates the condition, then only the taken branch's plan."""
 
-    def __init__(self, node: onnx.NodeProto, parent: GraphIndex, skeleton: onnx.ModelProto,
+    def __init__(self, node: NodeProto, parent: GraphIndex, skeleton: ModelProto,
                  weights: Mapping[str, np.ndarray], ranks: Mapping[str, int], options: Any, arena: Arena,
                  make_executor: NestedExecutorFactory) -> None:
         self.node = node

@@ -18,10 +18,10 @@ from collections.abc import Hashable, Mapping
 from dataclasses import replace
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 
 from dynnet_ros.bytesize import MB
+from dynnet_ros.engine.modelio.onnx_proto import ModelProto, NodeProto, TensorProto
 from dynnet_ros.engine.plan.arena import Arena, align
 from dynnet_ros.engine.plan.banded import BandedRunner, find_stem
 from dynnet_ros.engine.plan.cache import LruCache
@@ -95,7 +95,7 @@ class CutsChosen(Exception):
         self.reference_inputs = dict(reference_inputs)
 
 
-def _names_read(node: onnx.NodeProto) -> list[str]:
+def _names_read(node: NodeProto) -> list[str]:
     """Inputs of ``node`` and every name its subgraphs read (an If's branch weights)."""
     names = list(node_inputs(node))
     for graph in subgraphs(node):
@@ -105,7 +105,7 @@ def _names_read(node: onnx.NodeProto) -> list[str]:
     return names
 
 
-def _macs_per_output(node: onnx.NodeProto, initializers: Mapping[str, onnx.TensorProto]) -> int:
+def _macs_per_output(node: NodeProto, initializers: Mapping[str, TensorProto]) -> int:
     """Multiply-accumulates per output element of a Conv/Gemm/MatMul over a weight (1 when the
     second operand is an activation: its size is not known here, the bytes moved count instead)."""
     weight = initializers.get(node.input[1]) if len(node.input) > 1 else None
@@ -148,7 +148,7 @@ class PlannedExecutor:
 
     name = "cpu-planned"
 
-    def __init__(self, model: onnx.ModelProto, options: PlannerOptions | None = None, *,
+    def __init__(self, model: ModelProto, options: PlannerOptions | None = None, *,
                  arena: Arena | None = None) -> None:
         """``arena``: share one arena between executors that never run at the same time (the
         branches of If nodes); by default the executor owns its arena."""
@@ -425,7 +425,7 @@ class PlannedExecutor:
         first, seconds = self.graph.nodes[segment.nodes[0]], [self.graph.nodes[n] for n in segment.nodes[1:]]
         options = lambda: self._session_options(segment)  # noqa: E731 - one fresh SessionOptions per session
 
-        def make_session(node: onnx.NodeProto) -> ort.InferenceSession:
+        def make_session(node: NodeProto) -> ort.InferenceSession:
             inputs = [node.input[0]]
             single = Segment(segment.index, [], inputs=inputs, outputs=[node.output[0]])
             model = build_nodes_model([node], single, self.graph, self.skeleton)

@@ -21,11 +21,17 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort
-from onnx import helper
 
 from dynnet_ros.bytesize import MB
+from dynnet_ros.engine.modelio.onnx_proto import (
+    GraphProto,
+    ModelProto,
+    NodeProto,
+    TensorProto,
+    ValueInfoProto,
+    make_tensor_value_info,
+)
 from dynnet_ros.engine.plan.arena import ALIGN, Arena, align
 from dynnet_ros.engine.plan.graph import GraphIndex, node_inputs
 from dynnet_ros.engine.plan.segmentation import Segment
@@ -58,7 +64,7 @@ class LoopStats:
     onnxruntime_runs: int = 0      # small loops handed to onnxruntime's Loop
 
 
-def _declared_dims(value: onnx.ValueInfoProto) -> list | None:
+def _declared_dims(value: ValueInfoProto) -> list | None:
     """Dims as declared (int, name or None), or None when the value has no shape."""
     tensor = value.type.tensor_type
     if not value.type.HasField("tensor_type") or not tensor.HasField("shape"):
@@ -66,15 +72,15 @@ def _declared_dims(value: onnx.ValueInfoProto) -> list | None:
     return [int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim]
 
 
-def _scalar_shape(value: onnx.ValueInfoProto) -> tuple[int, ...]:
+def _scalar_shape(value: ValueInfoProto) -> tuple[int, ...]:
     """Shape of the iteration number / condition fed to the body: () unless it declares rank 1
     (onnxruntime's Loop feeds them with the body input's rank the same way)."""
     dims = _declared_dims(value)
     return (1,) * len(dims) if dims else ()
 
 
-def body_model(node: onnx.NodeProto, body: onnx.GraphProto, parent: GraphIndex, skeleton: onnx.ModelProto,
-               weights: Mapping[str, np.ndarray], ranks: Mapping[str, int]) -> onnx.ModelProto:
+def body_model(node: NodeProto, body: GraphProto, parent: GraphIndex, skeleton: ModelProto,
+               weights: Mapping[str, np.ndarray], ranks: Mapping[str, int]) -> ModelProto:
     """A standalone model for a Loop body: its own inputs first, loop-carried ones with symbolic
     dims (their shape may change per iteration), then the outer-scope tensors it reads.
 
@@ -83,8 +89,8 @@ def body_model(node: onnx.NodeProto, body: onnx.GraphProto, parent: GraphIndex, 
     if len(body.input) != len(node.input) or len(body.input) < 2:
         raise ValueError(f"Loop {node.name!r}: body has {len(body.input)} inputs for {len(node.input)} node inputs")
     iteration, condition = body.input[0], body.input[1]
-    formal = [helper.make_tensor_value_info(iteration.name, onnx.TensorProto.INT64, list(_scalar_shape(iteration))),
-              helper.make_tensor_value_info(condition.name, onnx.TensorProto.BOOL, list(_scalar_shape(condition)))]
+    formal = [make_tensor_value_info(iteration.name, TensorProto.INT64, list(_scalar_shape(iteration))),
+              make_tensor_value_info(condition.name, TensorProto.BOOL, list(_scalar_shape(condition)))]
     for k, (value, initial) in enumerate(zip(body.input[2:], node.input[2:])):
         elem = value.type.tensor_type.elem_type or parent.elem_types.get(initial)
         declared = _declared_dims(value)
@@ -93,8 +99,8 @@ def body_model(node: onnx.NodeProto, body: onnx.GraphProto, parent: GraphIndex, 
             rank = len(parent.initializers[initial].dims)
         if not elem or rank is None:
             raise ValueError(f"loop-carried {value.name!r} has no known type/rank")
-        formal.append(helper.make_tensor_value_info(value.name, elem, [f"v{k}_{axis}" for axis in range(rank)]))
-    stripped = onnx.GraphProto()
+        formal.append(make_tensor_value_info(value.name, elem, [f"v{k}_{axis}" for axis in range(rank)]))
+    stripped = GraphProto()
     stripped.CopyFrom(body)
     for value in list(stripped.value_info) + list(stripped.output):
         if value.type.HasField("tensor_type"):
@@ -208,7 +214,7 @@ class _Stack:
 class LoopRunner:
     """Runs one ``Loop`` node: its body's plan per iteration input shapes, carried values ping-ponging."""
 
-    def __init__(self, node: onnx.NodeProto, parent: GraphIndex, skeleton: onnx.ModelProto,
+    def __init__(self, node: NodeProto, parent: GraphIndex, skeleton: ModelProto,
                  weights: Mapping[str, np.ndarray], ranks: Mapping[str, int], options: Any, arena: Arena,
                  make_executor: NestedExecutorFactory) -> None:
         self.node = node
@@ -250,7 +256,7 @@ class LoopRunner:
         self.stats = LoopStats()
 
     @staticmethod
-    def _small_loop_session(node: onnx.NodeProto, parent: GraphIndex, skeleton: onnx.ModelProto,
+    def _small_loop_session(node: NodeProto, parent: GraphIndex, skeleton: ModelProto,
                             weights: Mapping[str, np.ndarray], options):
         """onnxruntime's Loop for this node alone, for loops over small tensors (None: its weights
         would cost more than a copy is worth, or it cannot be built)."""

@@ -5,10 +5,10 @@ import os
 from collections.abc import Mapping
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 
 from dynnet_ros.engine.modelio.loader import source_path
+from dynnet_ros.engine.modelio.onnx_proto import ModelProto
 from dynnet_ros.engine.runtime.base import ExecutorStats
 from dynnet_ros.memtrim import pin_mmap_threshold
 
@@ -47,7 +47,7 @@ class OrtExecutor:
 
     name = "cpu"
 
-    def __init__(self, model: onnx.ModelProto | str, *, threads: int | None = None,
+    def __init__(self, model: ModelProto | str, *, threads: int | None = None,
                  options: ort.SessionOptions | None = None, plan: dict | None = None, lean: bool = False) -> None:
         """``model``: a ModelProto with its weights, a weightless skeleton of a model file
         (modelio/loader.py: onnxruntime reads the file it came from), or a model file's path.

@@ -8,10 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import onnx
 import onnxruntime as ort
 
 from dynnet_ros.engine.modelio.loader import external_data_dir, map_external
+from dynnet_ros.engine.modelio.onnx_proto import (
+    ModelProto,
+    NodeProto,
+    TensorProto,
+    make_graph,
+    make_model,
+    make_tensor_value_info,
+)
 from dynnet_ros.engine.modelio.ort_features import EXTERNAL_FOLDER_KEY, ort_features
 from dynnet_ros.engine.plan.graph import SHARED_WEIGHTS_LOCATION, GraphIndex, node_inputs
 from dynnet_ros.engine.plan.options import LEVELS, PlannerOptions
@@ -26,10 +33,10 @@ HEAVY_OPS = {"Conv", "FusedConv", "ConvTranspose", "Gemm", "MatMul", "FusedMatMu
 class SegmentRunner:
     """One segment compiled into an onnxruntime session over shared weights."""
 
-    def __init__(self, segment: Segment, graph: GraphIndex, skeleton: onnx.ModelProto,
+    def __init__(self, segment: Segment, graph: GraphIndex, skeleton: ModelProto,
                  weights: Mapping[str, ort.OrtValue], options: ort.SessionOptions,
                  input_shapes: Mapping[str, tuple[int, ...]] | None = None,
-                 model: onnx.ModelProto | None = None,
+                 model: ModelProto | None = None,
                  shared: Mapping[str, ort.OrtValue] | None = None) -> None:
         self.segment = segment
         model = model or build_segment_model(segment, graph, skeleton, input_shapes)
@@ -57,7 +64,7 @@ class SegmentRunner:
                              f"{str(exc).strip().splitlines()[0]}") from exc
 
 
-def mapped_file_weights(model: onnx.ModelProto, folder: str, skip: set[str]) -> dict[str, ort.OrtValue]:
+def mapped_file_weights(model: ModelProto, folder: str, skip: set[str]) -> dict[str, ort.OrtValue]:
     """The model's external-data weights as OrtValues over read-only maps of their file.
 
     Why: onnxruntime before the ``EXTERNAL_FOLDER_KEY`` config key (ort_features.py) looks for a
@@ -66,7 +73,7 @@ def mapped_file_weights(model: onnx.ModelProto, folder: str, skip: set[str]) -> 
     onnxruntime to report."""
     values = {}
     for tensor in model.graph.initializer:
-        if tensor.name in skip or tensor.data_location != onnx.TensorProto.EXTERNAL:
+        if tensor.name in skip or tensor.data_location != TensorProto.EXTERNAL:
             continue
         if any(e.key == "location" and e.value == SHARED_WEIGHTS_LOCATION for e in tensor.external_data):
             continue
@@ -76,7 +83,7 @@ def mapped_file_weights(model: onnx.ModelProto, folder: str, skip: set[str]) -> 
     return values
 
 
-def has_fused_sum(nodes: list[onnx.NodeProto]) -> bool:
+def has_fused_sum(nodes: list[NodeProto]) -> bool:
     """A com.microsoft FusedConv with a sum input Z (what simplify.py fuses Conv + Add into)."""
     return any(n.op_type == "FusedConv" and n.domain == "com.microsoft" and len(n.input) > 3 and n.input[3]
                for n in nodes)
@@ -91,8 +98,8 @@ class NoSession:
         self.segment = segment
 
 
-def build_segment_model(segment: Segment, graph: GraphIndex, skeleton: onnx.ModelProto,
-                        input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> onnx.ModelProto:
+def build_segment_model(segment: Segment, graph: GraphIndex, skeleton: ModelProto,
+                        input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> ModelProto:
     """A standalone model for one segment: boundary tensors as inputs/outputs, weights as placeholders.
 
     ``input_shapes`` pins the inputs to concrete shapes (a specialised version); otherwise every
@@ -101,8 +108,8 @@ def build_segment_model(segment: Segment, graph: GraphIndex, skeleton: onnx.Mode
     return build_nodes_model([graph.nodes[n] for n in segment.nodes], segment, graph, skeleton, input_shapes)
 
 
-def build_nodes_model(nodes: list[onnx.NodeProto], segment: Segment, graph: GraphIndex, skeleton: onnx.ModelProto,
-                      input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> onnx.ModelProto:
+def build_nodes_model(nodes: list[NodeProto], segment: Segment, graph: GraphIndex, skeleton: ModelProto,
+                      input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> ModelProto:
     """A standalone model running ``nodes`` with ``segment``'s inputs and outputs."""
     weights_used: list[str] = []
     for node in nodes:
@@ -111,14 +118,14 @@ def build_nodes_model(nodes: list[onnx.NodeProto], segment: Segment, graph: Grap
                 weights_used.append(name)
     skeleton_inits = {t.name: t for t in skeleton.graph.initializer}
     shapes = input_shapes or {}
-    inputs = [onnx.helper.make_tensor_value_info(name, graph.elem_types[name],
+    inputs = [make_tensor_value_info(name, graph.elem_types[name],
                                                  list(shapes[name]) if name in shapes else None)
               for name in segment.inputs]
-    outputs = [onnx.helper.make_tensor_value_info(name, graph.elem_types.get(name, 0), None)
+    outputs = [make_tensor_value_info(name, graph.elem_types.get(name, 0), None)
                for name in segment.outputs]
-    sub = onnx.helper.make_graph(nodes, f"segment_{segment.index}", inputs, outputs,
+    sub = make_graph(nodes, f"segment_{segment.index}", inputs, outputs,
                                  [skeleton_inits[w] for w in weights_used])
-    model = onnx.helper.make_model(sub, opset_imports=list(graph.model.opset_import))
+    model = make_model(sub, opset_imports=list(graph.model.opset_import))
     model.ir_version = graph.model.ir_version
     model.functions.extend(graph.model.functions)
     return model

@@ -6,7 +6,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import numpy as np
-from onnx import TensorProto
+
+from dynnet_ros.engine.modelio.onnx_proto import TensorProto
 
 from ..expr import Dim, Expr, Ratio, bounds, dmax, dmin, floordiv, mul, provably_ne
 from ..lattice import MAX_VALUE_ELEMS, TensorInfo, nac, shaped

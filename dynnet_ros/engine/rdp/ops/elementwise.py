@@ -9,7 +9,8 @@ import math
 from typing import Any
 
 import numpy as np
-from onnx import TensorProto
+
+from dynnet_ros.engine.modelio.onnx_proto import TensorProto
 
 from ..expr import Expr, Ratio, add, bounds, dmax, dmin, exact_div, floordiv, mul, ratio_floor, ratio_op, sub
 from ..lattice import TensorInfo, nac, shaped

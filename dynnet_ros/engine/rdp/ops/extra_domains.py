@@ -2,7 +2,7 @@
 ai.onnx.preview.training, ai.onnx.preview).  Any other custom op is nac + warning."""
 from __future__ import annotations
 
-from onnx import TensorProto
+from dynnet_ros.engine.modelio.onnx_proto import TensorProto
 
 from ..lattice import nac, shaped
 from ..registry import Ctx, register

@@ -1,7 +1,7 @@
 """Generators, signal processing, strings, image ops and attention."""
 from __future__ import annotations
 
-from onnx import TensorProto
+from dynnet_ros.engine.modelio.onnx_proto import TensorProto
 
 from ..expr import Dim, add, exact_div, floordiv, mul, sub
 from ..lattice import nac, shaped

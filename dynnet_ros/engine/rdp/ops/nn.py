@@ -6,7 +6,8 @@ import math
 from fractions import Fraction
 
 import numpy as np
-from onnx import TensorProto
+
+from dynnet_ros.engine.modelio.onnx_proto import TensorProto
 
 from ..expr import Dim, Expr, add, ceildiv, dmax, dmin, floordiv, is_nonneg, mul, sub
 from ..lattice import TensorInfo, nac, shaped

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from onnx import TensorProto
+from dynnet_ros.engine.modelio.onnx_proto import TensorProto
 
 from ..lattice import nac, shaped
 from ..registry import Ctx, register

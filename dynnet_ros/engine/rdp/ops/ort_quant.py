@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from onnx import TensorProto
+from dynnet_ros.engine.modelio.onnx_proto import TensorProto
 
 from ..expr import mul
 from ..lattice import TensorInfo, nac, shaped

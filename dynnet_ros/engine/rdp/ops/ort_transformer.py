@@ -10,7 +10,7 @@ its ``total_sequence_length`` input (a shape computation, so RDP usually knows i
 """
 from __future__ import annotations
 
-from onnx import TensorProto
+from dynnet_ros.engine.modelio.onnx_proto import TensorProto
 
 from ..expr import Dim, add, dmax, floordiv, mul
 from ..lattice import nac, shaped

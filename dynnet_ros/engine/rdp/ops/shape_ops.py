@@ -10,7 +10,8 @@ import math
 from typing import Any
 
 import numpy as np
-from onnx import TensorProto
+
+from dynnet_ros.engine.modelio.onnx_proto import TensorProto
 
 from ..expr import (
     Dim,

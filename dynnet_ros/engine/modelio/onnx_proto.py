@@ -115,7 +115,7 @@ def onnx_library() -> ModuleType:
     checker, shape inference, the function inliner, operator schemas) or ``ml_dtypes``."""
     # onnx's C++ extension and ml_dtypes load here, in the processes and features that use them
     import onnx
-    import onnx.inliner
+    import onnx.inliner  # a submodule `import onnx` leaves out
     return onnx
 
 
@@ -232,7 +232,7 @@ def _to_bytes(value: str | bytes) -> bytes:
 
 
 #: element class -> the list attribute type, in the order onnx.helper infers it
-_LIST_TYPES: tuple[tuple[Any, int, str], ...] = (
+_LIST_TYPES: tuple[tuple[Any, Any, str], ...] = (
     (numbers.Integral, AttributeProto.INTS, "ints"),
     (numbers.Real, AttributeProto.FLOATS, "floats"),
     ((str, bytes), AttributeProto.STRINGS, "strings"),
@@ -242,7 +242,7 @@ _LIST_TYPES: tuple[tuple[Any, int, str], ...] = (
     (TypeProto, AttributeProto.TYPE_PROTOS, "type_protos"),
 )
 #: message class -> (attribute type, field)
-_MESSAGE_TYPES: tuple[tuple[Any, int, str], ...] = (
+_MESSAGE_TYPES: tuple[tuple[Any, Any, str], ...] = (
     (TensorProto, AttributeProto.TENSOR, "t"),
     (SparseTensorProto, AttributeProto.SPARSE_TENSOR, "sparse_tensor"),
     (GraphProto, AttributeProto.GRAPH, "g"),
