@@ -117,3 +117,6 @@ def test_load_and_save_round_trip_and_read_external_weights(tmp_path):
     first = skeleton.graph.initializer[0]
     assert onnx_proto.uses_external_data(first) and not first.raw_data
     assert np.array_equal(onnx_proto.to_array(first, str(tmp_path)), weights)
+    first.external_data[0].value = "../outside.bin"   # onnx refuses a location outside the model's folder
+    with pytest.raises(ValueError):
+        onnx_proto.to_array(first, str(tmp_path))

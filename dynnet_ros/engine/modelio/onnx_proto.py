@@ -147,13 +147,19 @@ def uses_external_data(tensor: TensorProto) -> bool:
 
 
 def to_array(tensor: TensorProto, base_dir: str = "") -> np.ndarray:
-    """``tensor``'s values as an array (``onnx.numpy_helper.to_array``); raw data is viewed, not copied."""
+    """``tensor``'s values as an array (``onnx.numpy_helper.to_array``); raw data is viewed, not copied.
+    External data that cannot be read where the tensor says raises ValueError."""
     if tensor.HasField("segment"):
         raise ValueError("Currently not supporting loading segments.")
     if tensor.data_type == TensorProto.UNDEFINED:
         raise TypeError("The element type in the input tensor is UNDEFINED.")
     native = NATIVE_TYPES.get(tensor.data_type)
-    if native is None or uses_external_data(tensor) or sys.byteorder == "big":
+    if uses_external_data(tensor):
+        try:
+            return _onnx_numpy_helper().to_array(tensor, base_dir)
+        except onnx_library().checker.ValidationError as exc:  # a location outside base_dir, or missing
+            raise ValueError(str(exc)) from exc
+    if native is None or sys.byteorder == "big":
         return _onnx_numpy_helper().to_array(tensor, base_dir)
     dtype, field = native
     dims = tuple(tensor.dims)

@@ -18,7 +18,6 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 
 import numpy as np
-from onnx.checker import ValidationError
 
 from dynnet_ros.engine.modelio.onnx_proto import GraphProto, NodeProto, TensorProto, to_array
 
@@ -100,7 +99,7 @@ def initializer_info(init: TensorProto) -> TensorInfo:
             if vals is not None and arr is not None and arr.dtype.kind == "b":
                 vals = tuple(bool(x) for x in vals)
             return shaped(tuple(init.dims), init.data_type, vals)
-        except (ValueError, TypeError, KeyError, OSError, ValidationError) as exc:
+        except (ValueError, TypeError, KeyError, OSError) as exc:
             # weights stored outside the model (not loaded) or malformed: the shape is still known
             log.debug("no values for initializer %s: %s", init.name, exc)
     return shaped(tuple(init.dims), init.data_type)
