@@ -94,7 +94,11 @@ def graph_env(base: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def _child_setup() -> None:  # runs in the child between fork and exec
-    os.setsid()
+    """Its own process group (the supervisor signals a node together with whatever it started),
+    but not its own session: a session is also a scheduler autogroup where the kernel has them,
+    and one per node would give a graph of separate processes one CPU share per node against the
+    machine's other jobs, and a container one share for all of its nodes."""
+    os.setpgid(0, 0)
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
