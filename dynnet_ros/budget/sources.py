@@ -116,15 +116,17 @@ class MemorySource:
     def __init__(self, root: Path | str = "/", *, use_psutil: bool = True) -> None:
         self.root = Path(root)
         self.use_psutil = use_psutil and self.root == Path("/")
-        self._cgroup: CgroupPaths | None | bool = False  # False = not looked up yet
+        self._cgroup: CgroupPaths | None = None
+        self._cgroup_located = False
 
     def _proc(self, name: str) -> Path:
         return self.root / "proc" / name
 
     def cgroup(self) -> CgroupPaths | None:
-        if self._cgroup is False:
+        if not self._cgroup_located:
             self._cgroup = locate_cgroup(self.root)
-        return self._cgroup  # type: ignore[return-value]
+            self._cgroup_located = True
+        return self._cgroup
 
     def readings(self) -> list[MemoryReading]:
         readings: list[MemoryReading] = []

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import astuple, dataclass, fields
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -51,9 +51,9 @@ class LayerFeatures:
         if missing:
             raise ValueError(f"{where}: no layer features {', '.join(missing)} (profile written by "
                              "`dynnet map profile`, or give the measured table only)")
-        kwargs = {f.name: (str(values[f.name]) if f.name == "op" else float(str(values[f.name])))
-                  for f in fields(cls) if f.name in values}
-        return cls(**kwargs)  # type: ignore[arg-type]
+        kwargs: dict[str, Any] = {f.name: (str(values[f.name]) if f.name == "op" else float(str(values[f.name])))
+                                  for f in fields(cls) if f.name in values}
+        return cls(**kwargs)
 
     def as_dict(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

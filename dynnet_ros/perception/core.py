@@ -73,7 +73,7 @@ class PerceptionCore(Generic[F]):
                 channels = spec.dims[1] if isinstance(spec.dims[1], int) else 1
                 shapes[spec.name] = (1, channels, box.pad_h, box.pad_w)
             elif all(isinstance(d, int) for d in spec.dims):
-                shapes[spec.name] = tuple(int(d) for d in spec.dims)  # type: ignore[arg-type]
+                shapes[spec.name] = tuple(d for d in spec.dims if isinstance(d, int))
         return shapes
 
     def _prepare(self, frame: np.ndarray) -> tuple[np.ndarray, Letterbox]:
