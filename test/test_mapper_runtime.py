@@ -100,6 +100,7 @@ def test_deadline_mode_answers_with_the_deepest_exit_done_by_then(depth_set):
         executor.close()
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(not TWO_GROUPS, reason="needs two cores for two CPU groups")
 def test_two_cpu_groups_run_two_width_stages_at_once(multiexit):
     """The wall time the stages of a frame ran < the sum of their run times: they overlapped.
