@@ -62,7 +62,7 @@ def key(shapes: Shapes) -> str:
 
 def measure(name: str, path: str, sequence: list[Shapes], budgets: list[str], threads: int) -> list[dict]:
     with Engine(path, threads=threads, swappable=True, input_shapes=sequence[0]) as engine:
-        calibration = engine._swap.calibration(sequence[0])
+        calibration = engine._swap.footprint(sequence[0])
         unlimited, weights = calibration.inmemory_bytes() / MB, calibration.weight_span / MB
         minimum = engine.min_budget_mb()
     rows = []
@@ -94,7 +94,7 @@ def measure(name: str, path: str, sequence: list[Shapes], budgets: list[str], th
 
 def measure_changes(name: str, path: str, shapes: Shapes, threads: int) -> list[dict]:
     with Engine(path, threads=threads, swappable=True, input_shapes=shapes) as engine:
-        low, top = engine.min_budget_mb(), engine._swap.calibration(shapes).inmemory_bytes() / MB
+        low, top = engine.min_budget_mb(), engine._swap.footprint(shapes).inmemory_bytes() / MB
     mid = (low + top) / 2
     rows = []
     for swappable in (False, True):

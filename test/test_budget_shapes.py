@@ -125,7 +125,7 @@ def levels(swap_dir) -> dict:
         if name == RECOGNISER.name and not RECOGNISER.available():
             continue
         with Engine(path(), threads=1, swappable=True, input_shapes=shapes[0]) as engine:
-            out[name] = [(engine.min_budget_mb(s), engine._swap.calibration(s).inmemory_bytes() / MB)
+            out[name] = [(engine.min_budget_mb(s), engine._swap.footprint(s).inmemory_bytes() / MB)
                          for s in shapes]
     return out
 
@@ -209,7 +209,7 @@ def test_budget_changes_of_a_swappable_engine_stay_within_the_larger_state(swap_
     path = str(ensure_model("depth"))
     shapes = {"image": (1, 3, 96, 128), "lidar_depth": (1, 1, 96, 128)}
     with Engine(path, threads=1, swappable=True, input_shapes=shapes) as engine:
-        low, top = engine.min_budget_mb(), engine._swap.calibration(shapes).inmemory_bytes() / MB
+        low, top = engine.min_budget_mb(), engine._swap.footprint(shapes).inmemory_bytes() / MB
     mid = (low + top) / 2
     result = run_worker({"mode": "changes", "model": path, "threads": 1, "swappable": True,
                          "shapes": {n: list(s) for n, s in shapes.items()},

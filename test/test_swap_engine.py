@@ -30,7 +30,7 @@ def test_inmemory_level_prices_the_planned_engine():
     arena = engine._executor.arena_bytes_at({name: value.shape for name, value in feeds.items()})
     assert arena is not None
     level = engine.latency_table()[-1][0]
-    calibration = engine._swap.calibration({name: value.shape for name, value in feeds.items()})
+    calibration = engine._swap.footprint({name: value.shape for name, value in feeds.items()})
     assert level * 2**20 == calibration.inmemory_bytes()
     assert calibration.nonweight_bytes >= arena and calibration.weight_span >= engine.weight_bytes
     assert level * 2**20 < inmemory_estimate_bytes(engine.weight_bytes, None)
