@@ -21,7 +21,7 @@ from dynnet_ros.bags.scenes import CLOUD_TOPIC, COMPRESSED_TOPIC, INFO_TOPIC, re
 from dynnet_ros.bags.writer import standard_typestore
 from dynnet_ros.compressed import CompressedFormat, compressed_topic, decode_rgb8, encode_rgb8, parse_format
 from dynnet_ros.nodes.base import declare
-from dynnet_ros.nodes.model_node import common_specs
+from dynnet_ros.nodes.model_params import common_specs
 from dynnet_ros.sim.frames import SimSettings, render_frame
 
 pytestmark = pytest.mark.graph

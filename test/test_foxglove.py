@@ -33,9 +33,9 @@ from dynnet_ros.nodes import diagnostics as diag
 from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.nodes.convert import array_to_image
 from dynnet_ros.nodes.foxglove_view import marker_outlines
-from dynnet_ros.nodes.model_node import FrameInfo
 from dynnet_ros.nodes.pedestrian_node import markers
 from dynnet_ros.perception import Detections
+from dynnet_ros.perception.serving import FrameInfo
 from dynnet_ros.sim.scene import camera_matrix
 from dynnet_ros.view.cameras import CameraModels
 from dynnet_ros.view.convert import (

@@ -14,7 +14,7 @@ from dynnet_ros.bags.topics import BagTopic, plan_topics
 from dynnet_ros.commands.replay import camera_transport, lossless_links
 from dynnet_ros.frame_reports import FrameOutcome
 from dynnet_ros.graph_config import ProcessSpec
-from dynnet_ros.nodes.stats import StampGaps
+from dynnet_ros.perception.frame_stats import StampGaps
 
 NS = 1_000_000_000
 

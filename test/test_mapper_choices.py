@@ -198,7 +198,7 @@ def test_map_search_caches_candidates_that_reproduce_its_pick(tmp_path, monkeypa
 def test_rerun_coalesces_requests_and_reports_failures():
     import threading
 
-    from dynnet_ros.nodes.mapped import Rerun
+    from dynnet_ros.perception.mapped import Rerun
 
     started, release, done = threading.Event(), threading.Event(), threading.Event()
     runs: list[int] = []

@@ -35,7 +35,7 @@ from dynnet_ros.mapper.model_search import calibrate
 from dynnet_ros.mapper.partition import Partition
 from dynnet_ros.mapper.runtime import StageExecutor
 from dynnet_ros.mapper.search import Candidate
-from dynnet_ros.nodes.mapped import MappedSettings, open_mapped
+from dynnet_ros.perception.mapped import MappedSettings, open_mapped
 from dynnet_ros.perception.model_info import model_info
 from dynnet_ros.sim.frames import SimSettings
 from dynnet_ros.zoo import ensure_model

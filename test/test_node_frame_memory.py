@@ -1,9 +1,9 @@
-"""An honest account of what a model node holds per frame outside its engine (nodes/frame_memory.py)."""
+"""An honest account of what a model node holds per frame outside its engine (perception/frame_memory.py)."""
 from __future__ import annotations
 
 from dynnet_ros.budget.protocol import ModelProfile
 from dynnet_ros.nodes.budget_profile import shift_profile
-from dynnet_ros.nodes.frame_memory import MESSAGE_COPIES, frame_bytes
+from dynnet_ros.perception.frame_memory import MESSAGE_COPIES, frame_bytes
 from dynnet_ros.perception.letterbox import plan_letterbox
 
 

@@ -11,9 +11,10 @@ from dynnet_ros.commands.demo_frames import Pair, lidar_pixels, marker_boxes, re
 from dynnet_ros.geometry import extrinsic_matrix
 from dynnet_ros.nodes.convert import array_to_image, xyzi_to_cloud
 from dynnet_ros.nodes.lane_node import label_colours
-from dynnet_ros.nodes.model_node import FrameInfo, class_list
+from dynnet_ros.nodes.model_params import class_list
 from dynnet_ros.nodes.pedestrian_node import BOX_NS, LABEL_NS, markers
 from dynnet_ros.perception import Detections
+from dynnet_ros.perception.serving import FrameInfo
 from dynnet_ros.sim.scene import camera_matrix, lidar_to_camera_xyzrpy
 
 HEADER = Header(frame_id="cam")

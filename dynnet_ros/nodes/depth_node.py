@@ -23,10 +23,12 @@ from sensor_msgs.msg import Image, PointCloud2
 from dynnet_ros.geometry import extrinsic_matrix, transform_points
 from dynnet_ros.nodes.base import SENSOR_QOS_OVERRIDES, ParamSpec, run_node
 from dynnet_ros.nodes.convert import array_to_image, cloud_to_xyzi
-from dynnet_ros.nodes.model_node import OUTPUT_QOS, FrameInfo, ModelNode, common_specs, format_spec, input_size
+from dynnet_ros.nodes.model_node import OUTPUT_QOS, ModelNode
+from dynnet_ros.nodes.model_params import common_specs, format_spec, input_size
 from dynnet_ros.perception import DepthEstimator
 from dynnet_ros.perception.formats.depth import DEPTH_FORMATS
 from dynnet_ros.perception.results import DepthFit
+from dynnet_ros.perception.serving import FrameInfo
 from dynnet_ros.sim.scene import lidar_to_camera_xyzrpy
 
 

@@ -25,8 +25,8 @@ class FrameReporter:
         self._pub = node.create_publisher(String, FRAMES_TOPIC, FRAMES_QOS)
         self.topic = subscription.topic_name
 
-    def report(self, header, outcome: str) -> None:
-        stamp_ns = int(header.stamp.sec) * 1_000_000_000 + int(header.stamp.nanosec)
+    def report(self, stamp_ns: int, outcome: str) -> None:
+        """The outcome of the frame stamped ``stamp_ns`` (its header stamp in nanoseconds)."""
         record = FrameOutcome(self._node.get_fully_qualified_name(), self.topic, stamp_ns, outcome)
         try:
             self._pub.publish(String(data=record.to_json()))

@@ -16,18 +16,11 @@ from sensor_msgs.msg import Image
 
 from dynnet_ros.nodes.base import ParamSpec, run_node
 from dynnet_ros.nodes.convert import array_to_image
-from dynnet_ros.nodes.model_node import (
-    OUTPUT_QOS,
-    FrameInfo,
-    ModelNode,
-    class_list,
-    classes_spec,
-    common_specs,
-    format_spec,
-    input_size,
-)
+from dynnet_ros.nodes.model_node import OUTPUT_QOS, ModelNode
+from dynnet_ros.nodes.model_params import class_list, classes_spec, common_specs, format_spec, input_size
 from dynnet_ros.perception import Segmenter
 from dynnet_ros.perception.formats.segmentation import segmentation_formats
+from dynnet_ros.perception.serving import FrameInfo
 
 TASK_PARAMETERS = [
     format_spec("Segmentation", segmentation_formats()),

@@ -23,18 +23,11 @@ from geometry_msgs.msg import Point
 from visualization_msgs.msg import Marker, MarkerArray
 
 from dynnet_ros.nodes.base import ParamSpec, run_node
-from dynnet_ros.nodes.model_node import (
-    OUTPUT_QOS,
-    FrameInfo,
-    ModelNode,
-    class_list,
-    classes_spec,
-    common_specs,
-    format_spec,
-    input_size,
-)
+from dynnet_ros.nodes.model_node import OUTPUT_QOS, ModelNode
+from dynnet_ros.nodes.model_params import class_list, classes_spec, common_specs, format_spec, input_size
 from dynnet_ros.perception import Detections, Detector
 from dynnet_ros.perception.formats.detection import DETECTION_FORMATS
+from dynnet_ros.perception.serving import FrameInfo
 from dynnet_ros.sim.scene import camera_matrix
 
 try:  # optional: not on PyPI as a wheel; present on robots with a system ROS 2
