@@ -15,7 +15,7 @@ from dynnet_ros.perception.projection import validate_intrinsics
 
 
 class Intrinsics:
-    """K matrices keyed by (width, height), the latest last."""
+    """K matrices keyed by (width, height), in the order their sizes were first seen."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -1,16 +1,16 @@
-"""A model node's mapped mode: its model's stages on compute units, answering at the first
-confident exit (dynnet_ros.mapper), behind the node's ``mapping``, ``exit_threshold`` and
-``deadline_ms`` parameters.
+"""A serving core's mapped mode: its model's stages on compute units, answering at the first
+confident exit (dynnet_ros.mapper), behind the ``mapping``, ``exit_threshold`` and
+``deadline_ms`` parameters of a model node.
 
-Why a module: the node stays a thin adapter. This turns the three parameters into a running
-``StageExecutor`` (or None: unmapped, the Engine runs frames) and its diagnostics; the node swaps
+Why a module: this turns the three parameters into a running ``StageExecutor`` (or None:
+unmapped, the Engine runs frames) and its diagnostics; the serving core (``mapped_mode``) swaps
 it in between two frames, so a change drops at most the frame in flight, and a mapping that does
 not load is refused with its reason while the previous one keeps serving.
 
 ``mapping: auto`` (or ``auto:HARDWARE``) runs the pick of the search cached for the model and the
 hardware (``mapper.choices``, written by ``dynnet map search``) under the per-unit memory the
 budget manager gives the node; a new budget re-picks from the cached candidates (a lookup, no
-search) and the node swaps the stages outside its frame loop.
+search) and the core swaps the stages outside its frame loop.
 """
 from __future__ import annotations
 
