@@ -24,7 +24,7 @@ from dynnet_ros.engine.backends.cut_timing import candidates, reference_feeds, s
 from dynnet_ros.engine.modelio.models import InputSpec
 from dynnet_ros.engine.plan.cost_model import CostTable, CutChoice, CutPoint
 from dynnet_ros.engine.plan.options import PROFILES
-from dynnet_ros.engine.runtime.executor import CutsChosen, PlannedExecutor
+from dynnet_ros.engine.runtime.executor import PlannedExecutor
 
 pytestmark = pytest.mark.graph
 
@@ -151,11 +151,9 @@ def test_timing_compares_the_two_sides_in_one_run():
 # ----------------------------------------------------------------------------- the verdict
 
 def _pick(path: str) -> CutChoice:
-    with pytest.raises(CutsChosen) as chosen:
-        cpu_planned.plan_here(_chain_model(), threads=2, layout="nchwc",
-                              options={**PROFILES["memory"], "decide_only": True})
-    assert chosen.value.choice is not None
-    return chosen.value.choice
+    plan = cpu_planned.compile_here(_chain_model(), threads=2, layout="nchwc", options=PROFILES["memory"])
+    assert plan is not None and plan.cut_choice is not None and not plan.one_session
+    return plan.cut_choice
 
 
 def test_a_cut_set_over_the_limit_gives_one_plain_session_and_says_what_was_timed(chain_file):

@@ -261,7 +261,7 @@ def test_unplannable_body_falls_back_to_onnxruntime_loop():
         assert _loop_runners(engine) == []
     finally:
         engine.close()
-    executor = PlannedExecutor(growing(), PlannerOptions(threads=1, plan_branches=False, cost_model=False))
+    executor = PlannedExecutor.from_model(growing(), PlannerOptions(threads=1, plan_branches=False, cost_model=False))
     try:
         assert executor.branch_runners == {}
         feeds = _x(5, 3)

@@ -16,11 +16,12 @@ from dynnet_ros.engine import Engine
 from dynnet_ros.engine.backends.registry import load_for_backend
 from dynnet_ros.engine.modelio.models import input_specs, load_model
 from dynnet_ros.engine.modelio.ort_features import ort_features
+from dynnet_ros.engine.plan.compile import reference_shapes
 from dynnet_ros.engine.plan.graph import GraphIndex
 from dynnet_ros.engine.plan.options import PlannerOptions
 from dynnet_ros.engine.plan.simplify import simplify
 from dynnet_ros.engine.runtime.control_flow import IfRunner
-from dynnet_ros.engine.runtime.executor import PlannedExecutor, reference_shapes
+from dynnet_ros.engine.runtime.executor import PlannedExecutor
 from dynnet_ros.zoo import MODEL_NAMES, ensure_model
 
 RTOL, ATOL = 1e-3, 1e-4
@@ -86,7 +87,7 @@ def test_gated_runs_both_if_branches(engines):
 
 def test_if_runs_only_the_taken_branch_through_its_own_plan():
     path = str(ensure_model("gated"))
-    executor = PlannedExecutor(load_for_backend("cpu", path), PlannerOptions(threads=1, versions=False))
+    executor = PlannedExecutor.from_model(load_for_backend("cpu", path), PlannerOptions(threads=1, versions=False))
     try:
         if_runners = [r for r in executor.branch_runners.values() if isinstance(r, IfRunner)]
         assert len(if_runners) == 4
@@ -110,8 +111,8 @@ def test_bad_shape_names_the_constraint_and_engine_stays_usable(engines):
 
 
 def test_plan_cache_returns_same_plan_and_is_bounded():
-    executor = PlannedExecutor(load_model(str(ensure_model("multiexit"))),
-                               PlannerOptions(threads=1, plan_cache_size=2, versions=False))
+    executor = PlannedExecutor.from_model(load_model(str(ensure_model("multiexit"))),
+                                          PlannerOptions(threads=1, plan_cache_size=2, versions=False))
     try:
         a = executor.plan_for({"image": (1, 3, 224, 224)})
         assert executor.plan_for({"image": (1, 3, 224, 224)}) is a
@@ -135,7 +136,7 @@ def test_plan_cache_returns_same_plan_and_is_bounded():
 
 def test_boundary_tensors_live_in_the_arena_without_copies():
     path = str(ensure_model("lane"))
-    executor = PlannedExecutor(load_model(path), PlannerOptions(threads=1, versions=False))
+    executor = PlannedExecutor.from_model(load_model(path), PlannerOptions(threads=1, versions=False))
     try:
         feeds = {"image": np.random.default_rng(2).random((1, 3, 224, 288), dtype=np.float32)}
         executor.run(feeds)
@@ -173,8 +174,8 @@ def test_boundary_tensors_live_in_the_arena_without_copies():
 
 def test_kernel_versions_build_in_background_and_stay_correct():
     path = str(ensure_model("gated"))  # weights read from the file: versions can load their own copies
-    executor = PlannedExecutor(load_for_backend("cpu", path),
-                               PlannerOptions(threads=1, hot_after=2, version_budget_mb=64))
+    executor = PlannedExecutor.from_model(load_for_backend("cpu", path),
+                                          PlannerOptions(threads=1, hot_after=2, version_budget_mb=64))
     try:
         feeds = {"image": np.random.default_rng(3).random((1, 3, 224, 224), dtype=np.float32)}
         for _ in range(2):
@@ -320,7 +321,8 @@ def test_elementwise_segments_write_in_place_over_dying_inputs():
     feeds = {"x": np.random.default_rng(3).random((1, 4, 96, 160), dtype=np.float32)}
     heights = {}
     for in_place in (True, False):
-        executor = PlannedExecutor(model, PlannerOptions(threads=1, versions=False, simplify=False, in_place=in_place))
+        options = PlannerOptions(threads=1, versions=False, simplify=False, in_place=in_place)
+        executor = PlannedExecutor.from_model(model, options)
         try:
             assert any(len(s.nodes) == 1 and executor.graph.nodes[s.nodes[0]].op_type == "Add"
                        for s in executor.segments), "the Add must run as its own segment for this test"
@@ -352,8 +354,8 @@ def test_nchwc_kernels_only_for_segments_with_small_tensors():
     model = _elementwise_chain_model()  # 4x640x640 float tensors at the reference side: 6.5 MB
     for limit, level in ((2**20, ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED),
                          (2**30, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)):
-        executor = PlannedExecutor(model, PlannerOptions(threads=1, versions=False, simplify=False,
-                                                         nchwc_max_bytes=limit))
+        executor = PlannedExecutor.from_model(model, PlannerOptions(threads=1, versions=False, simplify=False,
+                                                                    nchwc_max_bytes=limit))
         try:
             assert {executor._session_options(s).graph_optimization_level for s in executor.segments} == {level}
         finally:
@@ -363,8 +365,8 @@ def test_nchwc_kernels_only_for_segments_with_small_tensors():
 def test_planner_chooses_the_cheaper_granularity(engines):
     """"choose" keeps whichever of the auto/fine cuts costs less (arena lower bound at the
     reference shape + per-session overhead), and the fine cut never has a larger lower bound."""
+    from dynnet_ros.engine.plan.compile import SESSION_BYTES
     from dynnet_ros.engine.plan.segmentation import cut_segments
-    from dynnet_ros.engine.runtime.executor import _SESSION_BYTES
 
     chosen = {}
     for name in ("multiexit", "lane"):
@@ -375,7 +377,7 @@ def test_planner_chooses_the_cheaper_granularity(engines):
             segments = cut_segments(executor.graph, executor.order, executor.reference_sizes,
                                     executor.shape_source.dims, small_bytes=executor.options.small_bytes,
                                     granularity=granularity, category=executor.shape_source.category)
-            costs[granularity] = executor._reference_lower_bound(segments) + _SESSION_BYTES * len(segments)
+            costs[granularity] = executor.compiled.reference_lower_bound(segments) + SESSION_BYTES * len(segments)
             if granularity == executor.granularity:  # same cut (a banded stem merges its first segments)
                 assert [n for s in segments for n in s.nodes] == [n for s in executor.segments for n in s.nodes]
         assert costs[executor.granularity] == min(costs.values())
@@ -412,8 +414,8 @@ def test_only_pairs_onnxruntime_fuses_share_a_segment(first, together):
     BN+activation kernel, nor ConvTranspose+activation): elsewhere the intermediate would be a big
     tensor allocated inside the segment on every run, where a cut puts it in the arena."""
     model = _normalised_model(first)
-    executor = PlannedExecutor(model, PlannerOptions(threads=1, granularity="fine", simplify=False, cost_model=False,
-                                                     stem_bands=0))
+    executor = PlannedExecutor.from_model(model, PlannerOptions(threads=1, granularity="fine", simplify=False,
+                                                                cost_model=False, stem_bands=0))
     try:
         groups = [[executor.graph.nodes[n].op_type for n in s.nodes] for s in executor.segments]
         shared = [g for g in groups if len(g) > 1]

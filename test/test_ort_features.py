@@ -40,7 +40,7 @@ def _reference(name: str, height: int, width: int):
 
 def _as_given(path: str) -> PlannedExecutor:
     """The model as given, as a CPU without NCHWc kernels plans it (cost model off: always cut)."""
-    return PlannedExecutor(load_skeleton(path), PlannerOptions(threads=1, cost_model=False))
+    return PlannedExecutor.from_model(load_skeleton(path), PlannerOptions(threads=1, cost_model=False))
 
 
 def test_probes_describe_this_runtime():

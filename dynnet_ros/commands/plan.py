@@ -16,10 +16,11 @@ from dynnet_ros.engine.backends.cpu_planned import create_planned_executor, time
 from dynnet_ros.engine.backends.cut_verdict import cut_verdict
 from dynnet_ros.engine.backends.registry import load_for_backend
 from dynnet_ros.engine.modelio import onnx_proto
+from dynnet_ros.engine.plan.compile import reference_shapes
 from dynnet_ros.engine.plan.graph import node_name
 from dynnet_ros.engine.plan.memory_plan import greedy_by_size
 from dynnet_ros.engine.plan.options import plan_profile
-from dynnet_ros.engine.runtime.executor import PlannedExecutor, reference_shapes
+from dynnet_ros.engine.runtime.executor import PlannedExecutor
 from dynnet_ros.zoo import resolve_model_spec
 
 

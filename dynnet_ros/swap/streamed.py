@@ -161,7 +161,7 @@ class StreamedExecutor:
                                  fold_weights=blocked, nchwc_max_bytes=0, layout=self.file.layout, versions=False,
                                  shared_weights=self._values, max_segment_weight_bytes=self.split_bytes,
                                  **plan_profile())
-        self.planned = PlannedExecutor(graph, options)
+        self.planned = PlannedExecutor.from_model(graph, options)
         spans = {name: (t.offset, t.span, self.places[name]) for name, t in self.file.tensors.items()}
         self.window = WeightWindow(self.region, self.reader, spans, self.planned.segment_weight_names())
         self.planned.segment_hook = self

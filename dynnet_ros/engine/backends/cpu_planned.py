@@ -27,12 +27,14 @@ from dynnet_ros.engine.backends.cut_verdict import cut_verdict
 from dynnet_ros.engine.modelio.loader import load_skeleton, source_path
 from dynnet_ros.engine.modelio.models import input_specs
 from dynnet_ros.engine.modelio.onnx_proto import ModelProto
+from dynnet_ros.engine.plan.compile import Plan, compile_plan
 from dynnet_ros.engine.plan.cost_model import CutChoice
 from dynnet_ros.engine.plan.layout import laid_out_skeleton
 from dynnet_ros.engine.plan.options import PlannerOptions, plan_profile
 from dynnet_ros.engine.runtime.base import Executor
-from dynnet_ros.engine.runtime.executor import CutsChosen, NothingToSave, PlannedExecutor
+from dynnet_ros.engine.runtime.executor import PlannedExecutor
 from dynnet_ros.engine.runtime.ort_executor import OrtExecutor
+from dynnet_ros.memtrim import pin_mmap_threshold
 
 log = logging.getLogger(__name__)
 
@@ -82,56 +84,86 @@ def timed_point(verdict: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def plan_here(model: ModelProto, *, threads: int | None, layout: str, options: Mapping[str, Any]) -> Executor:
-    """Plan ``model`` in this process (``options``: PlannerOptions fields); the single plain session
-    where the cost model finds nothing to save, or where planning fails."""
+    """Plan ``model`` in this process (``options``: PlannerOptions fields) and run the plan; the
+    single plain session where the cost model finds nothing to save, or where planning fails."""
     if layout == "nchwc":
         try:
-            laid_out, _ = laid_out_skeleton(model)
-            return PlannedExecutor(laid_out, PlannerOptions(threads=threads, optimization_level="basic",
-                                                            nchwc_max_bytes=0, layout="nchwc", **options))
-        except NothingToSave as exc:
-            if options.get("decide_only"):
-                raise
-            return _one_session(model, threads, exc)
+            return _run(model, threads, compile_plan(_laid_out(model), _nchwc_options(threads, options)))
         except (ValueError, OSError, subprocess.SubprocessError) as exc:
             log.info("NCHWc layout not used for this model (%s); planning the model as given", exc)
     try:
-        return PlannedExecutor(model, PlannerOptions(threads=threads, **options))
-    except NothingToSave as exc:
-        if options.get("decide_only"):
-            raise
-        return _one_session(model, threads, exc)
+        return _run(model, threads, compile_plan(model, _pinned(PlannerOptions(threads=threads, **options))))
     except ValueError as exc:
         log.warning("planned engine unavailable for this model (%s); using plain onnxruntime", exc)
         return OrtExecutor(model, threads=threads, lean=True)
 
 
+def compile_here(model: ModelProto, *, threads: int | None, layout: str,
+                 options: Mapping[str, Any]) -> Plan | None:
+    """The plan ``plan_here`` would run, compiled without building anything: blocked layout where
+    it applies, else the model as given; None where the model cannot be planned."""
+    if layout == "nchwc":
+        try:
+            return compile_plan(_laid_out(model), _nchwc_options(threads, options))
+        except (ValueError, OSError, subprocess.SubprocessError) as exc:
+            log.info("NCHWc layout not used for this model (%s); planning the model as given", exc)
+    try:
+        return compile_plan(model, _pinned(PlannerOptions(threads=threads, **options)))
+    except ValueError as exc:
+        log.info("planned engine unavailable for this model (%s)", exc)
+        return None
+
+
+def _laid_out(model: ModelProto) -> ModelProto:
+    return laid_out_skeleton(model)[0]
+
+
+def _nchwc_options(threads: int | None, options: Mapping[str, Any]) -> PlannerOptions:
+    return _pinned(PlannerOptions(threads=threads, optimization_level="basic", nchwc_max_bytes=0, layout="nchwc",
+                                  **options))
+
+
+def _pinned(options: PlannerOptions) -> PlannerOptions:
+    """``options``, with glibc's mmap threshold pinned before planning allocates (process-wide)."""
+    if options.mmap_threshold:
+        pin_mmap_threshold(options.mmap_threshold)
+    return options
+
+
+def _run(model: ModelProto, threads: int | None, plan: Plan) -> Executor:
+    """The executor of ``plan``: one plain session where it says so, else its planned segments."""
+    if plan.one_session:
+        return _one_session(model, threads, plan)
+    return PlannedExecutor(plan)
+
+
 def decide(path: str, threads: int | None, layout: str, options: Mapping[str, Any]) -> dict:
     """The cut verdict for the model file ``path`` (cut_verdict.py's child process runs this): the
-    analysis of ``plan_here`` up to the cut choice; where ``options`` set a latency limit, the
-    choice timed against one plain session (``timed_verdict``), and a single session's lean
-    options timed against onnxruntime's defaults (``lean_verdict``)."""
+    plan ``plan_here`` would run, compiled without building it; where ``options`` set a latency
+    limit, its cut choice timed against one plain session (``timed_verdict``), and a single
+    session's lean options timed against onnxruntime's defaults (``lean_verdict``)."""
     model = load_skeleton(path)
     limit = options.get("latency_limit")
-    try:
-        plan_here(model, threads=threads, layout=layout, options={**options, "decide_only": True})
-    except NothingToSave as exc:
-        lean = exc.choice.chosen.lean  # the cost model's: where it predicts a saving
-        verdict = {"fallback": True, "reason": exc.choice.reason, "cuts": exc.choice.describe(), "lean": lean}
-        if not limit or not lean:
+    plan = compile_here(model, threads=threads, layout=layout, options=options)
+    if plan is None:
+        return {"fallback": False}  # planning failed: the serving process plans and says why
+    choice = plan.cut_choice
+    if choice is None or not limit:
+        if plan.one_session and choice is not None:
+            return {"fallback": True, "reason": choice.reason, "cuts": choice.describe(), "lean": choice.chosen.lean}
+        return {"fallback": False}
+    feeds = reference_feeds(input_specs(model), plan.reference_inputs)
+    if plan.one_session:
+        lean = choice.chosen.lean  # the cost model's: where it predicts a saving
+        verdict = {"fallback": True, "reason": choice.reason, "cuts": choice.describe(), "lean": lean}
+        if not lean:
             return verdict
-        feeds = reference_feeds(input_specs(model), exc.reference_inputs)
         baseline = OrtExecutor(path, threads=threads)
         try:
             return {**verdict, **lean_verdict(path, threads, baseline, feeds, float(limit))}
         finally:
             baseline.close()
-    except CutsChosen as chosen:
-        if chosen.choice is None or not limit:
-            return {"fallback": False}
-        feeds = reference_feeds(input_specs(model), chosen.reference_inputs)
-        return timed_verdict(path, threads, layout, options, chosen.choice, feeds, float(limit))
-    return {"fallback": False}  # planning failed: the serving process plans and says why
+    return timed_verdict(path, threads, layout, options, choice, feeds, float(limit))
 
 
 def timed_verdict(path: str, threads: int | None, layout: str, options: Mapping[str, Any], choice: CutChoice,
@@ -202,14 +234,16 @@ def lean_verdict(path: str, threads: int | None, baseline: OrtExecutor, feeds: M
     return {"lean": ratio <= limit, "lean_ratio": round(ratio, 3)}
 
 
-def _one_session(model: ModelProto, threads: int | None, exc: NothingToSave) -> Executor:
+def _one_session(model: ModelProto, threads: int | None, plan: Plan) -> Executor:
     """One onnxruntime session (OrtExecutor), lean where the cost model predicts that saves: the
     cost model found nothing to save by cutting. Untimed (a model given in memory, or explicit
     options), as the "memory" profile runs."""
-    log.info("planned engine not used for this model: %s", exc.choice.reason)
+    choice = plan.cut_choice
+    assert choice is not None  # a one-session plan carries the choice that made it
+    log.info("planned engine not used for this model: %s", choice.reason)
     # a weightless skeleton's external data is relative to its file: onnxruntime reads the file itself
-    return OrtExecutor(source_path(model) or model, threads=threads, lean=exc.choice.chosen.lean,
-                       plan={"fallback": True, "reason": exc.choice.reason, "cuts": exc.choice.describe()})
+    return OrtExecutor(source_path(model) or model, threads=threads, lean=choice.chosen.lean,
+                       plan={"fallback": True, "reason": choice.reason, "cuts": choice.describe()})
 
 
 if __name__ == "__main__":  # cut_verdict.py's child: PATH THREADS LAYOUT OPTIONS_JSON -> the verdict as JSON

@@ -6,6 +6,7 @@ executor to know what the knobs are.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -82,9 +83,11 @@ class PlannerOptions:
     # timed verdict's choice, handed to the serving process)
     curve_segments: int | None = None
     curve_reason: str = ""
-    # Stop right after the cut choice, before any session exists, raising CutsChosen (or
-    # NothingToSave): how backends/cut_verdict.py's child process decides without building.
-    decide_only: bool = False
+
+
+def default_threads() -> int:
+    """The threads a session gets when ``PlannerOptions.threads`` is None: this process's CPUs."""
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
 
 #: onnxruntime's graph optimisation level for each ``PlannerOptions.optimization_level`` name.

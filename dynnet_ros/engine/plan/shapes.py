@@ -25,6 +25,8 @@ Shape = tuple[int, ...]
 
 class ShapeSource(Protocol):
     name: str
+    #: the RDP analysis behind these shapes (None: onnx shape inference only)
+    analysis: AnalysisResult | None
 
     def shapes(self, input_shapes: Mapping[str, Shape], names: Iterable[str]) -> dict[str, Shape | None]:
         """Shapes of ``names`` for these input shapes; ValueError if they break a proven constraint."""
@@ -35,6 +37,11 @@ class ShapeSource(Protocol):
     def category(self, node: NodeProto) -> str | None:
         """RDP operator category (ISDO/ISDOS/ISVDOS/EDO) after propagation, when known."""
 
+    def limit_fallback(self, input_shapes: Mapping[str, Shape], sizes: Mapping[str, int | None],
+                       min_bytes: int) -> None:
+        """Given every tensor's bytes at ``input_shapes`` (``sizes``), keep a slower fallback (if
+        the source has one) only for tensors RDP leaves unknown there and that exceed ``min_bytes``."""
+
 
 class RdpShapes:
     """Shapes from an RDP analysis result (``dynnet_ros.engine.rdp.analyze``)."""
@@ -43,6 +50,7 @@ class RdpShapes:
 
     def __init__(self, result: AnalysisResult) -> None:
         self.result = result
+        self.analysis: AnalysisResult | None = result
 
     def shapes(self, input_shapes: Mapping[str, Shape], names: Iterable[str]) -> dict[str, Shape | None]:
         bindings = self.result.bind({k: list(v) for k, v in input_shapes.items()})
@@ -64,6 +72,9 @@ class RdpShapes:
         except (KeyError, AttributeError):
             return None
 
+    def limit_fallback(self, input_shapes, sizes, min_bytes) -> None:
+        """No fallback behind RDP alone."""
+
 
 class InferredShapes:
     """Fallback: onnx.shape_inference (with data propagation) at the pinned input shapes."""
@@ -73,6 +84,7 @@ class InferredShapes:
     def __init__(self, model: ModelProto) -> None:
         self._model = strip_weights(model)  # inference needs dims and small constants, not weights
         self._symbolic_dims: dict[str, list | None] | None = None
+        self.analysis: AnalysisResult | None = None
 
     @property
     def _symbolic(self) -> dict[str, list | None]:
@@ -122,6 +134,9 @@ class InferredShapes:
     def category(self, node):
         return None
 
+    def limit_fallback(self, input_shapes, sizes, min_bytes) -> None:
+        """Inference is the only source here: nothing to limit."""
+
 
 class CombinedShapes:
     """RDP first; onnx inference at the pinned shapes only for tensors RDP leaves unknown.
@@ -134,16 +149,19 @@ class CombinedShapes:
         self.rdp = rdp
         self.inferred = inferred
         self.name = "rdp+onnx-inference"
+        self.analysis: AnalysisResult | None = rdp.result
         # Outputs of execution-determined nodes (NonMaxSuppression, NonZero, ...) and everything
         # computed from them: no static inference knows their shapes, so never ask it.
-        self.execution_determined = _edo_downstream(getattr(rdp.result, "nodes", []))
+        self.execution_determined = _edo_downstream(rdp.result.nodes)
         # Tensors worth the fallback (set by the planner after sizing at its reference shape):
         # inference costs milliseconds per new signature, so small leftovers are better left
         # to onnxruntime's allocator than paid for on every first run. None = all.
         self.fallback_names: set[str] | None = None
 
-    def limit_fallback(self, names) -> None:
-        self.fallback_names = set(names)
+    def limit_fallback(self, input_shapes, sizes, min_bytes) -> None:
+        known = self.rdp.shapes(input_shapes, list(sizes))
+        self.fallback_names = {n for n, size in sizes.items()
+                               if known.get(n) is None and size is not None and size > min_bytes}
 
     def shapes(self, input_shapes: Mapping[str, Shape], names: Iterable[str]) -> dict[str, Shape | None]:
         names = list(names)

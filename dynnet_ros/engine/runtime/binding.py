@@ -42,7 +42,7 @@ class TensorSlot:
 
 
 @dataclass
-class Plan:
+class BoundPlan:
     """Everything that depends only on the input shape signature."""
 
     signature: Signature
@@ -58,7 +58,7 @@ class Plan:
     uses: int = 0
 
 
-def bind_plan(plan: Plan, runners: Sequence[Any], arena: Arena, version: Any = None) -> None:
+def bind_plan(plan: BoundPlan, runners: Sequence[Any], arena: Arena, version: Any = None) -> None:
     """Pre-bind every arena tensor of ``plan`` to ``runners`` (a Version's runners replace the
     generic ones it specialises)."""
     plan.bindings = []
@@ -89,7 +89,7 @@ def bind_plan(plan: Plan, runners: Sequence[Any], arena: Arena, version: Any = N
     plan.bound_version = version
 
 
-def plan_buffers(plan: Plan) -> list[tuple[int, int, int]]:
+def plan_buffers(plan: BoundPlan) -> list[tuple[int, int, int]]:
     """The (start, end, nbytes) buffers the plan placed (for reports and planner comparisons)."""
     ends = {n: s.lifetime[1] for n, s in plan.slots.items() if s.offset is not None and s.alias_of is None}
     for slot in plan.slots.values():

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 
 class NestedExecutorFactory(Protocol):
-    """Builds the executor of a branch or loop body (the PlannedExecutor class itself).
+    """Builds the executor of a branch or loop body (``PlannedExecutor.from_model``).
 
     Why passed in: the planned executor builds these runners, so they take its constructor as an
     argument rather than import the module that imports them."""

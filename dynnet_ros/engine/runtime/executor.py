@@ -1,10 +1,11 @@
 """The planned executor: segments as onnxruntime sessions, boundary tensors in one planned arena.
 
-Per model (once): simplify → order → partition → one session per segment, all sharing the same
-weight buffers. Per shape signature (once, then cached): evaluate every boundary tensor's
-shape (RDP), give each an offset in the arena (``plan_offsets`` over segment-step lifetimes),
-and pre-bind it through ``IOBinding`` to a pointer into the arena. Per run: bind the user's
-feeds and fresh output arrays, run the segments in our order. Nothing is copied between
+Per model (once): run a ``Plan`` (``engine/plan/compile.py``: simplify → order → segments → cut
+choice) as one session per segment, all sharing the same weight buffers. Per shape signature
+(once, then cached): evaluate every boundary tensor's shape (RDP), give each an offset in the
+arena (``plan_offsets`` over segment-step lifetimes), and pre-bind it through ``IOBinding`` to a
+pointer into the arena. Per run: bind the user's feeds and fresh output arrays, run the segments
+in our order. Nothing is copied between
 segments; tensors whose shape only execution reveals (nac) are left to onnxruntime and passed
 on as ``OrtValue``s.
 """
@@ -21,36 +22,27 @@ import numpy as np
 import onnxruntime as ort
 
 from dynnet_ros.bytesize import MB
-from dynnet_ros.engine.modelio.onnx_proto import ModelProto, NodeProto, TensorProto
+from dynnet_ros.engine.modelio.onnx_proto import ModelProto, NodeProto
 from dynnet_ros.engine.plan.arena import Arena, align
-from dynnet_ros.engine.plan.banded import BandedRunner, find_stem
+from dynnet_ros.engine.plan.banded import BandedRunner
 from dynnet_ros.engine.plan.cache import LruCache
+from dynnet_ros.engine.plan.compile import SESSION_BYTES, compile_plan, names_read
+from dynnet_ros.engine.plan.compile import Plan as CompiledPlan
 from dynnet_ros.engine.plan.cost_model import (
-    MAC_OPS,
     CutChoice,
-    ModelFacts,
-    NodeCost,
-    choose,
-    merge_curve,
-    single_session,
 )
-from dynnet_ros.engine.plan.cost_table import cost_table
-from dynnet_ros.engine.plan.exec_order import order_for_executor
-from dynnet_ros.engine.plan.graph import GraphIndex, node_inputs, split_weights, subgraphs
+from dynnet_ros.engine.plan.graph import node_inputs
 from dynnet_ros.engine.plan.memory_plan import lower_bound, plan_offsets
 from dynnet_ros.engine.plan.options import PlannerOptions
-from dynnet_ros.engine.plan.ort_types import value_types
-from dynnet_ros.engine.plan.segmentation import Segment, cut_segments, describe_segment, sink_small_nodes
-from dynnet_ros.engine.plan.shapes import ShapeSource, make_shape_source
-from dynnet_ros.engine.plan.simplify import simplify
+from dynnet_ros.engine.plan.segmentation import Segment
+from dynnet_ros.engine.plan.shapes import ShapeSource
 from dynnet_ros.engine.plan.versions import Version, VersionManager
 from dynnet_ros.engine.rdp.ops.ort_contrib import nchwc_block_size
 from dynnet_ros.engine.runtime.base import ExecutorStats
-from dynnet_ros.engine.runtime.binding import Plan, Signature, TensorSlot, bind_plan, plan_buffers
+from dynnet_ros.engine.runtime.binding import BoundPlan, Signature, TensorSlot, bind_plan, plan_buffers
 from dynnet_ros.engine.runtime.control_flow import IfRunner
 from dynnet_ros.engine.runtime.hooks import BranchRunner, SegmentHook
 from dynnet_ros.engine.runtime.loop import LoopRunner
-from dynnet_ros.engine.runtime.ort_executor import default_threads
 from dynnet_ros.engine.runtime.run_loop import collect_outputs, run_segments
 from dynnet_ros.engine.runtime.segments import (
     HEAVY_OPS,
@@ -68,7 +60,6 @@ log = logging.getLogger(__name__)
 # compute each output element from the same-index input element (binary ops: also input 1).
 _IN_PLACE_OPS = {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid", "Clip", "Abs", "Neg", "Exp", "Sqrt",
                  "Add", "Sub", "Mul", "Div"}
-_SESSION_BYTES = 256 * 1024  # what one more onnxruntime session costs beyond its weights (docs/engine.md)
 
 
 class NothingToSave(ValueError):
@@ -84,115 +75,39 @@ class NothingToSave(ValueError):
         self.reference_inputs = dict(reference_inputs)
 
 
-class CutsChosen(Exception):
-    """The cut choice made under ``PlannerOptions.decide_only``: the model is to be cut (``choice``
-    is None where the cost model did not run), weighed at ``reference_inputs`` (input shapes).
-    Not a ValueError: nothing failed."""
-
-    def __init__(self, choice: CutChoice | None, reference_inputs: Mapping[str, tuple[int, ...]]) -> None:
-        super().__init__("cut set chosen" if choice is None else choice.reason)
-        self.choice = choice
-        self.reference_inputs = dict(reference_inputs)
-
-
-def _names_read(node: NodeProto) -> list[str]:
-    """Inputs of ``node`` and every name its subgraphs read (an If's branch weights)."""
-    names = list(node_inputs(node))
-    for graph in subgraphs(node):
-        names += [t.name for t in graph.initializer]
-        for inner in graph.node:
-            names += _names_read(inner)
-    return names
-
-
-def _macs_per_output(node: NodeProto, initializers: Mapping[str, TensorProto]) -> int:
-    """Multiply-accumulates per output element of a Conv/Gemm/MatMul over a weight (1 when the
-    second operand is an activation: its size is not known here, the bytes moved count instead)."""
-    weight = initializers.get(node.input[1]) if len(node.input) > 1 else None
-    if weight is None or len(weight.dims) < 2:
-        return 1
-    dims = [int(d) for d in weight.dims]
-    if node.op_type in ("MatMul", "FusedMatMul"):
-        return dims[-2]
-    if node.op_type in ("Gemm", "FusedGemm"):
-        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
-        return dims[1] if trans_b else dims[0]
-    return int(np.prod(dims[1:], dtype=np.int64))  # convolutions: C_in / group x kernel
-
-
-def reference_shapes(graph: GraphIndex, side: int) -> dict[str, tuple[int, ...]]:
-    """Pin every dynamic input dim to ``side``; batch-like dims to 1: named N/batch, a first dim
-    with neither value nor name, or the first dim of an input of rank 3 or more (NCHW, NCL,
-    NHWC) whatever its name — exporters name it freely (paddle2onnx: ``p2o.DynamicDimension.0``),
-    and sizing a batch of ``side`` images would weigh every cut at hundreds of times the size a
-    node feeds."""
-    shapes = {}
-    for value in graph.model.graph.input:
-        if value.name not in graph.inputs:
-            continue
-        dims: list[int] = []
-        rank = len(value.type.tensor_type.shape.dim)
-        for d in value.type.tensor_type.shape.dim:
-            if d.HasField("dim_value") and d.dim_value >= 0:  # -1 marks a dynamic dim in some exporters
-                dims.append(int(d.dim_value))
-            elif (d.dim_param or "").lower() in ("n", "batch", "batch_size", "b") or not (dims or d.dim_param) \
-                    or (not dims and rank >= 3):
-                dims.append(1)
-            else:
-                dims.append(side)
-        shapes[value.name] = tuple(dims)
-    return shapes
-
 class PlannedExecutor:
     """Executor (see runtime.base) running a model as planned segments over one arena."""
 
     name = "cpu-planned"
 
-    def __init__(self, model: ModelProto, options: PlannerOptions | None = None, *,
-                 arena: Arena | None = None) -> None:
-        """``arena``: share one arena between executors that never run at the same time (the
-        branches of If nodes); by default the executor owns its arena."""
-        self.options = options or PlannerOptions()
-        opts = self.options
+    def __init__(self, plan: CompiledPlan, *, arena: Arena | None = None) -> None:
+        """Run ``plan`` (``compile_plan``): one session per segment over one arena. ``arena``: share
+        one arena between executors that never run at the same time (the branches of If nodes);
+        by default the executor owns its arena. NothingToSave where the plan says one plain session."""
+        if plan.one_session:
+            assert plan.cut_choice is not None  # one_session says the cost model ran
+            raise NothingToSave(plan.cut_choice, plan.reference_inputs)
+        self.compiled = plan
+        self.options = opts = plan.options
         if opts.mmap_threshold:
             pin_mmap_threshold(opts.mmap_threshold)
-        self.original_nodes = len(model.graph.node)
-        self.simplify_report = None
-        # Weights leave the proto once (one copy); every pass below works on the skeleton.
-        skeleton, weights = split_weights(model)
-        # Analyse the model as given: simplification keeps tensor names, so the analysis (and
-        # the element types) of the original describe every tensor of the simplified graph.
-        self.shape_source: ShapeSource = make_shape_source(skeleton, use_rdp=opts.use_rdp)
-        rdp = getattr(getattr(self.shape_source, "rdp", None), "result", None)
-        # RDP types every tensor it analyses (contrib ops of a laid-out graph included); onnx's
-        # shape inference is only run when it does not (it keeps onnx's library resident)
-        rdp_types = {name: info.dtype for name, info in rdp.tensors.items() if info.dtype} if rdp else {}
-        rdp_types.update(value_types(opts.shared_weights or {}))  # weights handed in by reference (swap)
-        infer = not all(o in rdp_types for node in skeleton.graph.node for o in node.output if o)
-        original_types = GraphIndex.build(skeleton, rdp_types, infer=infer).elem_types
-        if opts.simplify:
-            skeleton, self.simplify_report = simplify(skeleton, use_rdp=opts.use_rdp and rdp is not None, rdp=rdp,
-                                                      weights=weights, fold_weights=opts.fold_weights)
-        self.graph = GraphIndex.build(skeleton, original_types, weights, infer=infer)
+        weights = plan.take_weights()
+        self.original_nodes = plan.original_nodes
+        self.simplify_report = plan.simplify_report
+        self.shape_source: ShapeSource = plan.shape_source
+        self.graph = plan.graph
+        self.skeleton = plan.skeleton
+        self.reference_sizes = plan.reference_sizes
+        self._input_sizes = plan.input_sizes
+        self.order = list(plan.order)
+        self.segments = list(plan.segments)
+        self.granularity = plan.granularity
+        self._stem = plan.stem
+        self.cut_choice: CutChoice | None = plan.cut_choice
         self._lock = threading.Lock()
         # In-memory weights (file-backed ones stay in the file) go to the sessions as OrtValues.
         self._weight_arrays = weights
         self.weights = {n: ort.OrtValue.ortvalue_from_numpy(a) for n, a in weights.items()}
-        self.skeleton = skeleton
-        self.reference_sizes = self._reference_sizes()
-        self._input_sizes = {n: int(np.prod(shape, dtype=np.int64)) * self._itemsize(n)  # graph inputs
-                             for n, shape in self._reference_inputs(opts.reference_side).items()}
-        self.order = self._execution_order()
-        self.segments = self._choose_partition()
-        if opts.max_segment_weight_bytes:
-            self.segments = self._cut_heavy_segments(self.segments, opts.max_segment_weight_bytes)
-        self._stem = self._band_stem()
-        self.cut_choice: CutChoice | None = None
-        if opts.cost_model and opts.shared_weights is None and not opts.max_segment_weight_bytes:
-            self.cut_choice = self._choose_cuts()
-        if opts.decide_only:
-            raise CutsChosen(self.cut_choice, self._reference_inputs(opts.reference_side))
-        self._check_boundary_types()
         self.branch_runners = self._build_branch_runners(weights)
         if self._stem is not None:
             self.branch_runners[self._stem] = self._build_banded_runner(self.segments[self._stem])
@@ -210,8 +125,8 @@ class PlannedExecutor:
         self._last_use = self._last_uses()
         self._owns_arena = arena is None
         self.arena = arena if arena is not None else Arena()
-        self.plans: LruCache[Plan] = LruCache(opts.plan_cache_size)
-        self.last_plan: Plan | None = None
+        self.plans: LruCache[BoundPlan] = LruCache(opts.plan_cache_size)
+        self.last_plan: BoundPlan | None = None
         self._segment_weight_bytes = [self._weight_bytes_of(s) for s in self.segments]
         #: called around every segment (swap/residency.py: weights in before, out after)
         self.segment_hook: SegmentHook | None = None
@@ -223,6 +138,15 @@ class PlannedExecutor:
         self._warm_up()
         # building (RDP, inference, 20-50 session creations) leaves freed but still-mapped heap
         release_memory()
+
+    @classmethod
+    def from_model(cls, model: ModelProto, options: PlannerOptions | None = None, *,
+                   arena: Arena | None = None) -> PlannedExecutor:
+        """Compile ``model`` under ``options`` and run the plan (NothingToSave: one plain session)."""
+        options = options or PlannerOptions()
+        if options.mmap_threshold:  # pinned before planning, whose allocations it shapes too
+            pin_mmap_threshold(options.mmap_threshold)
+        return cls(compile_plan(model, options), arena=arena)
 
     # ------------------------------------------------------------------ build
     def _build_branch_runners(self, weights: Mapping[str, np.ndarray]) -> dict[int, BranchRunner]:
@@ -247,161 +171,11 @@ class PlannedExecutor:
             branch_arena = branch_arena or Arena()
             try:
                 runners[seg.index] = kinds[node.op_type](node, self.graph, self.skeleton, weights, ranks, nested,
-                                                         branch_arena, PlannedExecutor)
+                                                         branch_arena, PlannedExecutor.from_model)
             except ValueError as exc:
                 log.info("%s %s stays with onnxruntime's %s: %s", node.op_type, node.name, node.op_type, exc)
         self._branch_arena = branch_arena
         return runners
-
-    def _choose_partition(self) -> list[Segment]:
-        """Segments for ``options.granularity``; "choose" takes the cheaper of partition's "auto" and
-        "fine" cuts by a cost model: lower bound of the boundary tensors at the reference shape +
-        one session's overhead per segment.
-
-        Why: a finer cut exposes more tensors to our arena with shorter lifetimes (depth's lower
-        bound at 640 px: 25.8 MB auto vs 20.3 MB fine; multiexit 12.5 vs 9.4) but costs sessions
-        (~0.1-0.25 MB each) and a little CPU; measured peaks follow this model (depth -4.3 MB,
-        multiexit -1.4 MB with fine; lane, gated, pedestrian unchanged, so they keep auto).
-        """
-        opts = self.options
-
-        def cut(granularity: str) -> list[Segment]:
-            return cut_segments(self.graph, self.order, self.reference_sizes, self.shape_source.dims,
-                                small_bytes=opts.small_bytes, granularity=granularity,
-                                category=self.shape_source.category)
-
-        if opts.granularity != "choose":
-            self.granularity = opts.granularity
-            return cut(opts.granularity)
-        costs = {}
-        for granularity in ("auto", "fine"):  # ties keep auto (fewer sessions)
-            segments = cut(granularity)
-            costs[granularity] = (self._reference_lower_bound(segments) + _SESSION_BYTES * len(segments), segments)
-        self.granularity = min(costs, key=lambda g: costs[g][0])
-        return costs[self.granularity][1]
-
-    def _cost_facts(self) -> ModelFacts:
-        """The graph at the reference shape as the cost model sees it (cost_model.py)."""
-        sizes: dict[str, int | None] = {**self._input_sizes, **self.reference_sizes}
-        nodes = []
-        for node in self.graph.nodes:
-            reads = tuple(n for n in dict.fromkeys(_names_read(node)) if not self.graph.is_weight(n))
-            outputs = tuple(o for o in node.output if o)
-            moved = sum(sizes.get(t) or 0 for t in reads + outputs)
-            macs = 0
-            if node.op_type in MAC_OPS and outputs:
-                elements = (sizes.get(outputs[0]) or 0) // max(self._itemsize(outputs[0]), 1)
-                macs = elements * _macs_per_output(node, self.graph.initializers)
-            nodes.append(NodeCost(reads, outputs, macs=macs, moved_bytes=moved))
-        return ModelFacts(nodes, sizes, frozenset(self.graph.outputs),
-                          mmap_threshold=self.options.mmap_threshold or 128 * 1024, session_bytes=_SESSION_BYTES,
-                          weights={n: self._node_weight_bytes(n) for n in range(len(self.graph.nodes))})
-
-    def _choose_cuts(self) -> CutChoice:
-        """Merge segments where the cost model says a cut costs more time than its memory is worth,
-        or stop at one plain session where no cut set saves memory (``NothingToSave``).
-
-        Why: every segment costs a ``Run`` and every tensor kept inside one is allocated per run,
-        and which of the two weighs more is this machine's figure (cost_table.py)."""
-        opts = self.options
-        facts = self._cost_facts()
-        table = opts.cost_table or cost_table(opts.threads or default_threads(), opts.mmap_threshold)
-        fixed = {i for i, s in enumerate(self.segments) if s.kind != "ops" or i == self._stem}
-        curve = merge_curve(facts, table, [s.nodes for s in self.segments], lambda i: i not in fixed)
-        choice = choose(curve, single_session(facts, table), session=single_session(facts, table, lean=True),
-                        memory_target=opts.memory_target,
-                        fallback_min_saving=opts.fallback_min_saving, sized=facts.sized)
-        if opts.curve_segments is not None:  # the timed verdict's point (backends/cut_timing.py)
-            timed = next((p for p in curve if p.sessions == opts.curve_segments), None)
-            if timed is None:
-                log.info("no cut set of %d segments on this curve; the cost model's pick is used",
-                         opts.curve_segments)
-            else:
-                choice = CutChoice(choice.curve, timed, choice.onnxruntime, opts.curve_reason or choice.reason)
-        if choice.fallback:
-            raise NothingToSave(choice, self._reference_inputs(opts.reference_side))
-        if len(choice.chosen.groups) != len(self.segments):
-            stem_nodes = None if self._stem is None else self.segments[self._stem].nodes
-            kinds = {tuple(s.nodes): s.kind for s in self.segments}
-            segments = []
-            for i, group in enumerate(choice.chosen.groups):
-                segment = describe_segment(self.graph, i, list(group), self.shape_source.dims)
-                segments.append(replace(segment, kind=kinds.get(tuple(group), segment.kind)))
-            self.segments = segments
-            self._stem = None if stem_nodes is None else next(i for i, s in enumerate(segments)
-                                                                if s.nodes == stem_nodes)
-        return choice
-
-    def _band_stem(self) -> int | None:
-        """Merge a bandable stem's two conv segments into one banded segment (plan/banded.py);
-        its index, or None. Only where the stem's intermediate is big enough to matter."""
-        opts = self.options
-        if not opts.stem_bands or opts.stem_bands < 2:
-            return None
-        found = find_stem(self.graph, self.reference_sizes, opts.stem_min_bytes)
-        if found is None:
-            return None
-        first_node, seconds = found
-        if any(not self.graph.is_weight(i) for n in seconds for i in self.graph.nodes[n].input[1:] if i):
-            return None
-        # The stem becomes one segment where the first conv's segment was: the seconds only read
-        # its output (and weights), so running them right after it keeps a topological order.
-        position = {n: i for i, n in enumerate(self.order)}
-        stem = [first_node] + sorted(seconds, key=position.__getitem__)
-        groups: list[list[int]] = []
-        for segment in self.segments:
-            nodes = list(segment.nodes)
-            if first_node in nodes:
-                k = nodes.index(first_node)
-                before, after = [n for n in nodes[:k] if n not in stem], [n for n in nodes[k + 1:] if n not in stem]
-                groups += [g for g in (before, stem, after) if g]
-            elif any(n not in stem for n in nodes):
-                groups.append([n for n in nodes if n not in stem])
-        segments = [describe_segment(self.graph, i, g, self.shape_source.dims) for i, g in enumerate(groups)]
-        index = groups.index(stem)
-        segments[index] = replace(segments[index], kind="banded")
-        # worth it only where the stem sets the peak: bands cost copies and session calls
-        sizes = self.reference_sizes
-        band_bytes: float = (sum(sizes.get(t) or 0 for n in stem for t in self.graph.nodes[n].output)
-                      + self._input_sizes.get(self.graph.nodes[first_node].input[0], 0))
-        band_bytes /= self._stem_band_count(first_node)
-        if self._reference_lower_bound(segments) + band_bytes > \
-                (1 - self.options.stem_min_gain) * self._reference_lower_bound(self.segments):
-            return None
-        self.segments = segments
-        return index
-
-    def _cut_heavy_segments(self, segments: list[Segment], cap: int) -> list[Segment]:
-        """Split op segments whose weights exceed ``cap`` into runs of nodes under it.
-
-        Why: a swapped model needs one segment's weights resident at once; deep layers at low
-        resolution land in one segment (their tensors are small) with most of the weights."""
-        groups: list[list[int]] = []
-        for seg in segments:
-            if seg.kind != "ops" or len(seg.nodes) == 1 or self._weight_bytes_of(seg) <= cap:
-                groups.append(list(seg.nodes))
-                continue
-            group: list[int] = []
-            held = 0
-            for n in seg.nodes:
-                weight = self._node_weight_bytes(n)
-                if group and weight and held + weight > cap:
-                    groups.append(group)
-                    group, held = [], 0
-                group.append(n)
-                held += weight
-            groups.append(group)
-        if len(groups) == len(segments):
-            return segments
-        return [describe_segment(self.graph, i, g, self.shape_source.dims) for i, g in enumerate(groups)]
-
-    def _node_weight_bytes(self, n: int) -> int:
-        total = 0
-        for name in node_inputs(self.graph.nodes[n]):
-            tensor = self.graph.initializers.get(name)
-            if tensor is not None:
-                total += int(np.prod(tensor.dims, dtype=np.int64)) * self._itemsize(name)
-        return total
 
     def segment_weight_names(self) -> list[list[str]]:
         """Per segment, the shared (by-reference) weights it reads, subgraphs included."""
@@ -410,16 +184,11 @@ class PlannedExecutor:
         for seg in self.segments:
             names: list[str] = []
             for n in seg.nodes:
-                for name in _names_read(self.graph.nodes[n]):
+                for name in names_read(self.graph.nodes[n]):
                     if name in shared and name not in names:
                         names.append(name)
             result.append(names)
         return result
-
-    def _stem_band_count(self, first_node: int) -> int:
-        """Bands for the stem: a band of its intermediate ~1 MB at the reference shape (4..16)."""
-        mid_bytes = self.reference_sizes.get(self.graph.nodes[first_node].output[0]) or 0
-        return min(16, max(self.options.stem_bands, -(-mid_bytes // MB)))
 
     def _build_banded_runner(self, segment: Segment):
         first, seconds = self.graph.nodes[segment.nodes[0]], [self.graph.nodes[n] for n in segment.nodes[1:]]
@@ -434,22 +203,8 @@ class PlannedExecutor:
 
         mid_channels = int(self.graph.initializers[first.input[1]].dims[0])
         return BandedRunner(first, seconds, make_session, nchwc_block_size() or 1, mid_channels,
-                            bands=self._stem_band_count(segment.nodes[0]),
+                            bands=self.compiled.stem_band_count(segment.nodes[0]),
                             workspace=f"__stem_workspace_{segment.index}")
-
-    def _reference_lower_bound(self, segments: list[Segment]) -> int:
-        """Max bytes of boundary tensors live at once at the reference shape (unknown sizes: 0)."""
-        last: dict[str, int] = {}
-        for seg in segments:
-            for name in seg.inputs:
-                last[name] = max(last.get(name, -1), seg.index)
-        buffers = []
-        for seg in segments:
-            for name in seg.outputs:
-                size = self.reference_sizes.get(name)
-                if size and name not in self.graph.outputs:
-                    buffers.append((seg.index, max(last.get(name, seg.index), seg.index) + 1, align(size)))
-        return int(lower_bound(buffers)) if buffers else 0
 
     def _build_runners(self, weights: dict[str, np.ndarray]) -> list:
         """One session per segment; each in-memory weight is dropped as soon as the last session
@@ -490,54 +245,6 @@ class PlannedExecutor:
         sizes = [self.reference_sizes.get(n, self._input_sizes.get(n)) for n in names]
         return max((1 << 62 if s is None else s) for s in sizes) if sizes else 0
 
-    def _reference_inputs(self, side: int) -> dict[str, tuple[int, ...]]:
-        """Input shapes the plan is sized at: ``options.reference_shapes`` where given (the size a
-        node will feed), every other input with its dynamic dims at ``side``."""
-        given = self.options.reference_shapes or {}
-        return {name: tuple(int(d) for d in given[name]) if name in given else shape
-                for name, shape in reference_shapes(self.graph, side).items()}
-
-    def _reference_sizes(self) -> dict[str, int | None]:
-        names = [o for node in self.graph.nodes for o in node.output if o]
-        for side in (self.options.reference_side, 512, 320, 224):
-            try:
-                shapes = self.shape_source.shapes(self._reference_inputs(side), names)
-            except ValueError:
-                continue
-            sizes = {n: (None if s is None else int(np.prod(s, dtype=np.int64)) * self._itemsize(n))
-                     for n, s in shapes.items()}
-            self._limit_shape_fallback(self._reference_inputs(side), sizes)
-            return sizes
-        return {n: None for n in names}
-
-    def _limit_shape_fallback(self, shapes: Mapping[str, tuple[int, ...]], sizes: Mapping[str, int | None]) -> None:
-        """Keep onnx-inference fallback only for big tensors RDP leaves unknown (see CombinedShapes)."""
-        rdp = getattr(self.shape_source, "rdp", None)
-        if rdp is None or not hasattr(self.shape_source, "limit_fallback"):
-            return
-        known = rdp.shapes(shapes, list(sizes))
-        self.shape_source.limit_fallback(n for n, size in sizes.items()
-                                         if known.get(n) is None and size is not None
-                                         and size > self.options.small_bytes)
-
-    def _itemsize(self, name: str) -> int:
-        dtype = self.graph.dtypes.get(name)
-        return dtype.itemsize if dtype is not None else 4
-
-    def _execution_order(self) -> list[int]:
-        order = list(range(len(self.graph.nodes)))
-        if self.options.order == "memory":
-            order = order_for_executor(self.graph, self.reference_sizes) or order
-        return sink_small_nodes(self.graph, order,
-                                lambda t: (self.reference_sizes.get(t) or 1 << 62) <= self.options.small_bytes)
-
-    def _check_boundary_types(self) -> None:
-        for seg in self.segments:
-            for name in seg.inputs + seg.outputs:
-                if name not in self.graph.elem_types:
-                    raise ValueError(f"element type of boundary tensor {name!r} is unknown; "
-                                     f"the planned engine cannot cut the graph there")
-
     def _last_uses(self) -> dict[str, int]:
         last: dict[str, int] = {}
         for seg in self.segments:
@@ -549,12 +256,12 @@ class PlannedExecutor:
         """Plan the reference signature once so lazy imports and first-call costs are paid at load,
         not by the first inference (keeps first-run latency near steady state)."""
         try:
-            self.plan_for(self._reference_inputs(self.options.reference_side))
+            self.plan_for(self.compiled.reference_inputs)
         except ValueError:
             plan_offsets([(0, 1, 64), (0, 2, 64)])
 
     # ------------------------------------------------------------------ plan
-    def plan_for(self, feeds_shapes: Mapping[str, tuple[int, ...]]) -> Plan:
+    def plan_for(self, feeds_shapes: Mapping[str, tuple[int, ...]]) -> BoundPlan:
         """The cached plan for this signature, or a new one (ValueError if a constraint breaks)."""
         signature: Signature = tuple(sorted((k, tuple(v)) for k, v in feeds_shapes.items()))
         plan = self.plans.get(signature)
@@ -597,7 +304,7 @@ class PlannedExecutor:
             slot.offset = int(offset)
         for name, root in roots.items():
             slots[name].offset, slots[name].alias_of = slots[root].offset, root
-        plan = Plan(signature, slots, int(height), int(lower_bound(buffers)) if buffers else 0,
+        plan = BoundPlan(signature, slots, int(height), int(lower_bound(buffers)) if buffers else 0,
                     time.perf_counter() - start)
         self.plans.put(signature, plan)
         return plan
@@ -633,7 +340,7 @@ class PlannedExecutor:
         return roots
 
     def _weight_bytes_of(self, segment: Segment) -> int:
-        return sum(self._node_weight_bytes(n) for n in segment.nodes)
+        return sum(self.compiled.node_weight_bytes(n) for n in segment.nodes)
 
     def _build_version(self, signature: Hashable) -> Version | None:
         """Background thread: specialised runners for the segments whose input shapes this plan knows."""
@@ -665,7 +372,7 @@ class PlannedExecutor:
                 if shared is not None:  # another signature's version has this segment at these shapes
                     runners[i] = shared
                     continue
-                extra = self._segment_weight_bytes[i] + _SESSION_BYTES
+                extra = self._segment_weight_bytes[i] + SESSION_BYTES
                 if cost + extra > budget:
                     continue
                 options = self._session_options(seg)
@@ -678,7 +385,7 @@ class PlannedExecutor:
             return None
         return Version(signature, runners, cost, time.perf_counter() - start)
 
-    def _bind_plan(self, plan: Plan, version: Version | None = None) -> None:
+    def _bind_plan(self, plan: BoundPlan, version: Version | None = None) -> None:
         """Pre-bind every arena tensor of ``plan`` (redone when the arena moves or a version lands)."""
         bind_plan(plan, self.runners, self.arena, version)
 

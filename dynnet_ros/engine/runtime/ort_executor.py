@@ -1,7 +1,6 @@
 """onnxruntime on the CPU: the reference backend and the kernel library of the planned engine."""
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 
 import numpy as np
@@ -9,16 +8,13 @@ import onnxruntime as ort
 
 from dynnet_ros.engine.modelio.loader import source_path
 from dynnet_ros.engine.modelio.onnx_proto import ModelProto
+from dynnet_ros.engine.plan.options import default_threads
 from dynnet_ros.engine.runtime.base import ExecutorStats
 from dynnet_ros.memtrim import pin_mmap_threshold
 
 #: glibc's mmap threshold a lean session pins (PlannerOptions.mmap_threshold's default): blocks of
 #: onnxruntime's arena above it are mapped afresh instead of carved from heap pages glibc keeps
 LEAN_MMAP_THRESHOLD = 128 * 1024
-
-
-def default_threads() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
 
 def session_options(threads: int | None = None, *, lean: bool = False) -> ort.SessionOptions:

@@ -14,11 +14,11 @@ import onnxruntime as ort
 
 from dynnet_ros.engine.plan.arena import Arena
 from dynnet_ros.engine.plan.graph import GraphIndex
-from dynnet_ros.engine.runtime.binding import Plan
+from dynnet_ros.engine.runtime.binding import BoundPlan
 from dynnet_ros.engine.runtime.hooks import BranchRunner, SegmentHook
 
 
-def _value(name: str, plan: Plan, arena: Arena, feeds: Mapping[str, np.ndarray],
+def _value(name: str, plan: BoundPlan, arena: Arena, feeds: Mapping[str, np.ndarray],
            results: Mapping[str, np.ndarray], dynamic: Mapping[str, ort.OrtValue]) -> np.ndarray:
     slot = plan.slots.get(name)
     if slot is not None and slot.offset is not None:
@@ -32,7 +32,7 @@ def _value(name: str, plan: Plan, arena: Arena, feeds: Mapping[str, np.ndarray],
     raise RuntimeError(f"input {name!r} was not produced")
 
 
-def run_segment(runner: Any, io: ort.IOBinding, plan: Plan) -> None:
+def run_segment(runner: Any, io: ort.IOBinding, plan: BoundPlan) -> None:
     """Run one bound segment; onnxruntime's error becomes a ValueError naming the segment and shapes."""
     try:
         runner.session.run_with_iobinding(io)
@@ -41,7 +41,7 @@ def run_segment(runner: Any, io: ort.IOBinding, plan: Plan) -> None:
                          f"{dict(plan.signature)}: {str(exc).strip().splitlines()[0]}") from exc
 
 
-def run_segments(plan: Plan, arena: Arena, branch_runners: Mapping[int, BranchRunner],
+def run_segments(plan: BoundPlan, arena: Arena, branch_runners: Mapping[int, BranchRunner],
                  feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray], results: dict[str, np.ndarray],
                  dynamic: dict[str, ort.OrtValue], graph_outputs: set[str], hook: SegmentHook | None = None) -> None:
     """Run every segment of ``plan``; ``results``/``dynamic`` collect tensors outside the arena.
@@ -110,7 +110,7 @@ def run_segments(plan: Plan, arena: Arena, branch_runners: Mapping[int, BranchRu
         hook.after(previous)
 
 
-def collect_outputs(plan: Plan, arena: Arena, graph: GraphIndex, feeds: Mapping[str, np.ndarray],
+def collect_outputs(plan: BoundPlan, arena: Arena, graph: GraphIndex, feeds: Mapping[str, np.ndarray],
                     results: Mapping[str, np.ndarray], dynamic: Mapping[str, ort.OrtValue]) -> dict[str, np.ndarray]:
     """The graph's outputs after a run; arena tensors are copied out (the arena is reused)."""
     outputs: dict[str, np.ndarray] = {}
