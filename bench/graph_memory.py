@@ -42,9 +42,9 @@ from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import qos_profile_sensor_data
 
-from dynnet_ros.commands.up import stop_process_group
 from dynnet_ros.graph_config import default_config_path
 from dynnet_ros.nodes.message_types import message_class
+from dynnet_ros.supervisor.runner import stop_process_group
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL_NODES = ("lane_node", "pedestrian_node", "depth_node")

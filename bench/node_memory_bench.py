@@ -60,8 +60,8 @@ def main() -> int:
     budgets = {k: float(v) for k, v in (item.split("=") for item in args.budgets.split(","))}
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
     os.environ.setdefault("ROS_DOMAIN_ID", str(100 + os.getpid() % 100))
-    from dynnet_ros.commands.up import stop_process_group
     from dynnet_ros.graph_config import default_config_path, separate_processes
+    from dynnet_ros.supervisor.runner import stop_process_group
 
     # each node in a process of its own: the bench measures each model node's process
     data = separate_processes(yaml.safe_load(default_config_path().read_text()))

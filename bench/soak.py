@@ -55,10 +55,10 @@ from sensor_msgs.msg import Image
 from std_msgs.msg import String
 from visualization_msgs.msg import MarkerArray
 
-from dynnet_ros.commands.up import stop_process_group
 from dynnet_ros.graph_config import EXECUTABLES, default_config_path, parse_graph, separate_processes
 from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.nodes.diagnostics import status_values
+from dynnet_ros.supervisor.runner import stop_process_group
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = ("lane_node", "pedestrian_node", "depth_node")

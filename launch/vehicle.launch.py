@@ -15,7 +15,6 @@ from launch.actions import DeclareLaunchArgument, OpaqueFunction, SetEnvironment
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
-from dynnet_ros.commands.preflight import check_in_child, measure_in_child
 from dynnet_ros.graph_config import (
     CONTAINER,
     PACKAGE,
@@ -26,6 +25,7 @@ from dynnet_ros.graph_config import (
     process_arguments,
     write_process_files,
 )
+from dynnet_ros.supervisor.preflight import check_in_child, measure_in_child
 
 
 def _default_config() -> str:

@@ -23,10 +23,10 @@ from sensor_msgs.msg import Image
 from std_msgs.msg import Header
 
 from dynnet_ros.commands.map_inputs import scene_image
-from dynnet_ros.commands.up import stop_process_group
 from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.nodes.convert import array_to_image
 from dynnet_ros.nodes.diagnostics import status_values  # booleans come back as "True" / "False"
+from dynnet_ros.supervisor.runner import stop_process_group
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import psutil
 
-from dynnet_ros.commands.up import stop_process_group
 from dynnet_ros.graph_config import separate_processes  # noqa: F401 — the tests' import point
+from dynnet_ros.supervisor.runner import stop_process_group
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -30,8 +30,8 @@ from std_msgs.msg import String
 from visualization_msgs.msg import MarkerArray
 
 from dynnet_ros.budget.protocol import BUDGETS_TOPIC, PROFILES_TOPIC
-from dynnet_ros.commands.up import stop_process_group
 from dynnet_ros.graph_config import default_config_path
+from dynnet_ros.supervisor.runner import stop_process_group
 
 REPO = Path(__file__).resolve().parents[1]
 # Own namespace as well as own ROS_DOMAIN_ID: another graph on this machine that happens to share

@@ -27,9 +27,9 @@ from rclpy.time import Time
 from std_msgs.msg import Header
 
 from dynnet_ros import cli
-from dynnet_ros.commands.up import stop_process_group
 from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.nodes.convert import array_to_image
+from dynnet_ros.supervisor.runner import stop_process_group
 
 try:  # optional: built from source beside the repo (`make test` sources it)
     from vision_msgs.msg import Detection2DArray

@@ -34,7 +34,6 @@ from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import Image
 from visualization_msgs.msg import MarkerArray
 
-from dynnet_ros.commands.up import GraphRunner
 from dynnet_ros.graph_config import (
     CONTAINER,
     CONTAINER_MODULE,
@@ -46,6 +45,7 @@ from dynnet_ros.graph_config import (
 )
 from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.nodes.convert import array_to_image
+from dynnet_ros.supervisor.runner import GraphRunner
 
 ROOT = Path(__file__).resolve().parents[1]
 KIT = ROOT.parent / "shared" / "vendor" / "ros2-launch"  # the `install` fixture (conftest.py) needs it installed

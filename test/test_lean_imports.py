@@ -136,7 +136,7 @@ def test_a_commands_help_loads_none_of_its_machinery(command):
     assert implementations == [], f"dynnet {command} --help imported {implementations}"
 
 
-SUPERVISOR_COMMANDS = {"dynnet_ros.commands.up", "dynnet_ros.commands.basic_arguments", "dynnet_ros.commands.preflight",
+SUPERVISOR_COMMANDS = {"dynnet_ros.commands.up", "dynnet_ros.commands.basic_arguments",
                        "dynnet_ros.commands.parsers", "dynnet_ros.commands.parsers.up"}
 
 

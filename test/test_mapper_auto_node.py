@@ -17,12 +17,12 @@ from _waiting import wait_for
 from std_msgs.msg import String
 
 from dynnet_ros.budget.protocol import BUDGETS_TOPIC, PROFILES_TOPIC, ModelProfile
-from dynnet_ros.commands.up import stop_process_group
 from dynnet_ros.engine.backends.trt_cache import model_sha256
 from dynnet_ros.mapper.choices import Constraints, SearchChoices, cache_file, write_choices
 from dynnet_ros.mapper.hardware import load_hardware
 from dynnet_ros.mapper.search import NEVER, Candidate
 from dynnet_ros.nodes.diagnostics import ERROR
+from dynnet_ros.supervisor.runner import stop_process_group
 from dynnet_ros.zoo import ensure_model
 
 NS = f"/mapauto_{os.getpid()}"

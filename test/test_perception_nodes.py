@@ -31,13 +31,13 @@ from visualization_msgs.msg import MarkerArray
 
 from dynnet_ros.budget.protocol import PROFILES_TOPIC, ModelProfile
 from dynnet_ros.commands.demo_frames import marker_boxes
-from dynnet_ros.commands.up import stop_process_group
 from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.nodes.convert import array_to_image
 from dynnet_ros.nodes.diagnostics import status_values
 from dynnet_ros.perception import Detector
 from dynnet_ros.settings import settings
 from dynnet_ros.sim.scene import camera_matrix
+from dynnet_ros.supervisor.runner import stop_process_group
 from dynnet_ros.zoo import ensure_model
 
 ROOT = Path(__file__).resolve().parents[1]

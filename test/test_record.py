@@ -24,7 +24,7 @@ from rosbags.highlevel import AnyReader
 from dynnet_ros import cli
 from dynnet_ros.bags.scenes import SIM_TOPICS
 from dynnet_ros.bags.writer import standard_typestore
-from dynnet_ros.commands.up import stop_process_group
+from dynnet_ros.supervisor.runner import stop_process_group
 
 pytestmark = pytest.mark.graph
 

@@ -37,12 +37,12 @@ from std_msgs.msg import Header
 from visualization_msgs.msg import MarkerArray
 
 from dynnet_ros.bags.reader import Bag
-from dynnet_ros.commands.up import stop_process_group
 from dynnet_ros.graph_config import default_config_path
 from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.nodes.convert import array_to_image, xyzi_to_cloud
 from dynnet_ros.nodes.diagnostics import status_values
 from dynnet_ros.sim.frames import SimSettings, camera_info_fields, render_frame
+from dynnet_ros.supervisor.runner import stop_process_group
 from dynnet_ros.zoo import ensure_model
 
 ROOT = Path(__file__).resolve().parents[1]

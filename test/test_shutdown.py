@@ -22,9 +22,9 @@ from _up import separate_processes
 from _waiting import wait_for
 from diagnostic_msgs.msg import DiagnosticArray
 
-from dynnet_ros.commands.up import GraphRunner
 from dynnet_ros.graph_config import default_config_path, parse_graph
 from dynnet_ros.nodes.background import BackgroundNode
+from dynnet_ros.supervisor.runner import GraphRunner
 from dynnet_ros.zoo import ensure_model
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.graph]

@@ -29,10 +29,10 @@ from rich.table import Table
 
 from dynnet_ros.commands.demo_frames import FrameRecorder, render_montage
 from dynnet_ros.commands.replay import BackgroundReplay
-from dynnet_ros.commands.up import GraphRunner, StopRequest, load_config
 from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.nodes.diagnostics import level_value, status_values
 from dynnet_ros.sim.scene import lidar_to_camera_xyzrpy
+from dynnet_ros.supervisor.runner import GraphRunner, StopRequest, load_config
 
 MODEL_TASKS = ("lane", "pedestrian", "depth")
 #: the run's --duration counts from when every model node has processed a frame; a graph that

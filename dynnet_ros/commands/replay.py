@@ -37,10 +37,10 @@ from dynnet_ros.bags.topics import Remap, TopicPlan
 from dynnet_ros.bags.writer import standard_typestore
 from dynnet_ros.commands import CommandError
 from dynnet_ros.commands.bag_player import ACK_WAIT_S, BagPlayer
-from dynnet_ros.commands.up import GraphRunner, StopRequest, load_config
 from dynnet_ros.graph_config import GraphConfig, ProcessSpec, fq_node_name, map_hosted, recorder_process
 from dynnet_ros.nodes.message_types import message_class
 from dynnet_ros.nodes.recording_graph import wait_for_recorder
+from dynnet_ros.supervisor.runner import GraphRunner, StopRequest, load_config
 
 #: the model nodes' executables: they read the played sensor topics reliably and pace the camera frames
 MODEL_EXECUTABLES = ("lane_node", "pedestrian_node", "depth_node")

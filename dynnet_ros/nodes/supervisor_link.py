@@ -1,6 +1,6 @@
 """`dynnet up`'s own ROS node: what the supervisor hears from the graph and tells it.
 
-The supervisor (commands/up.py) is plain process management; this adapter gives it three ROS
+The supervisor (supervisor/runner.py) is plain process management; this adapter gives it three ROS
 channels, on its own context and thread:
 
 * /parameter_events in: every parameter change on one of the graph's nodes is recorded in a
@@ -11,7 +11,7 @@ channels, on its own context and thread:
   event), whose ``start_budget_mb`` the supervisor gives the restarted node;
 * with a recorder in the graph, /diagnostics in: the recorder's latest status (messages per
   topic), and parameter calls out, so ``dynnet up --record`` enables each model node once the
-  recorder records its inputs (commands/up.py, ``RecordingHold``).
+  recorder records its inputs (supervisor/recording_hold.py).
 """
 from __future__ import annotations
 
