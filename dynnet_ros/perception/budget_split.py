@@ -139,16 +139,24 @@ class BudgetSplit:
 
     def over_budget(self, engine: Engine, node_mb: float) -> str | None:
         """Why the model runs above its share of the node's budget now (None: it fits): the engine
-        ran the frame above its budget (the input size needs more), or it was handed its minimum,
-        above the share."""
+        ran the frame above its budget (the input size needs more), or the share is below the
+        engine's minimum at the size it just ran, so it was handed that minimum instead.
+
+        A budget above the share whose size fits in the share is not an overrun: on the first
+        frame of a new size the engine refuses the share against the previous size's minimum,
+        and the next frame's charge hands it the share (``charge_frame``)."""
         over = engine.engine_stats().over_budget
         if over is not None:
             return f"{over.describe()}: running {over.overshoot_mb:.1f} MB over it"
         share, given = self.share(node_mb), self.engine_budget_mb
-        if share is not None and given is not None and given > share + 0.01:
-            return (f"memory_budget_mb {node_mb:g} leaves the model {share:.1f} MB besides "
-                    f"{self.frame.total_mb:.1f} MB of frame buffers, below its minimum: it runs at {given:.1f} MB")
-        return None
+        if share is None or given is None or given <= share + 0.01:
+            return None
+        minimum = engine.min_budget_mb()
+        if minimum <= share + 0.01:
+            return None
+        return (f"memory_budget_mb {node_mb:g} leaves the model {share:.1f} MB besides "
+                f"{self.frame.total_mb:.1f} MB of frame buffers, below its minimum {minimum:.1f} MB: "
+                f"it runs at {given:.1f} MB")
 
 
 def engine_over_budget(engine: Engine) -> bool:
