@@ -48,7 +48,7 @@ def _generated_module() -> ModuleType:
     sys.modules[PB2_NAME] = module
     try:
         spec.loader.exec_module(module)
-    except BaseException:
+    except BaseException:  # any failure, interrupts too: leave no half-run module for a later import to reuse
         del sys.modules[PB2_NAME]
         raise
     return module
