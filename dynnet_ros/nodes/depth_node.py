@@ -65,7 +65,7 @@ def make_depth_estimator(path: str, params: dict[str, Any], memory_budget_mb: fl
                           input_size=input_size(path, params), **engine)
 
 
-class DepthNode(ModelNode):
+class DepthNode(ModelNode[DepthEstimator]):
     task = "depth"
     extra_input_channels = 1  # the zoo model's LiDAR depth channel
     # float32 maps at camera size (the output mapped back, the metric map: 8 B/px) and the
@@ -119,7 +119,7 @@ class DepthNode(ModelNode):
             return None
         return transform_points(extrinsic_matrix(self.params["lidar_to_camera"]), points[:, :3])
 
-    def infer(self, frame: FrameInfo, rgb: np.ndarray, core: DepthEstimator) -> None:  # type: ignore[override]
+    def infer(self, frame: FrameInfo, rgb: np.ndarray, core: DepthEstimator) -> None:
         if not core.format.relative:  # read per frame: a change takes effect without reloading the model
             core.depth_scale = float(self.params["depth_scale"])
         core.max_depth_m = float(self.params["max_depth_m"])

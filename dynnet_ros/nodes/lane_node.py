@@ -53,7 +53,7 @@ def label_colours(class_map: np.ndarray) -> np.ndarray:
     return rgb
 
 
-class LaneNode(ModelNode):
+class LaneNode(ModelNode[Segmenter]):
     task = "lane"
     core_params = ("classes", "output_name")
     # probability (4 B/px), mask (1), mono8 mask (1) and its message copies (2) at camera size
@@ -70,7 +70,7 @@ class LaneNode(ModelNode):
     def build_core(self, path: str, params: dict[str, Any], memory_budget_mb: float | None) -> Segmenter:
         return make_segmenter(path, params, memory_budget_mb, swappable=True)
 
-    def infer(self, frame: FrameInfo, rgb: np.ndarray, core: Segmenter) -> None:  # type: ignore[override]
+    def infer(self, frame: FrameInfo, rgb: np.ndarray, core: Segmenter) -> None:
         result = core(rgb)
         if result.probability is not None:  # the threshold applies per frame, no reload
             mask = np.greater_equal(result.probability, np.float32(self.params["lane_threshold"])).view(np.uint8)

@@ -17,7 +17,7 @@ message data, so the message being processed is one of the buffers charged to th
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, Generic
 
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray
@@ -41,7 +41,7 @@ from dynnet_ros.perception.budget_split import FrameCosts
 from dynnet_ros.perception.core import PerceptionCore
 from dynnet_ros.perception.frame_stats import FrameStats
 from dynnet_ros.perception.mailbox import Arrival
-from dynnet_ros.perception.serving import CAMERA, Decoded, FrameInfo, ServingCore, ServingTask
+from dynnet_ros.perception.serving import CAMERA, CoreT, Decoded, FrameInfo, ServingCore, ServingTask
 
 # Outputs: reliable (so RViz / `ros2 topic echo` defaults receive them, and best-effort
 # subscribers too), keep-last 2 so a slow subscriber never builds a queue.
@@ -64,7 +64,7 @@ def decode(msg: Image | CompressedImage) -> Decoded:
     return Decoded(camera_to_rgb8(msg), msg.header, getattr(msg, "encoding", "rgb8"), len(msg.data))
 
 
-class ModelNode(Node, ABC):
+class ModelNode(Node, ABC, Generic[CoreT]):
     """Camera frames in, one model run per newest frame, task-specific outputs out."""
 
     task = "model"
@@ -93,8 +93,9 @@ class ModelNode(Node, ABC):
         prewarm_runtime()
         costs = FrameCosts(self.extra_input_channels, self.output_bytes_per_pixel, self.output_const_bytes,
                            self.input_multiple)
-        task = ServingTask(self.task, self.build_core, decode, self.infer, self.validate_task_params,
-                           self.core_params, {name: spec.default for name, spec in self._specs.items()}, costs)
+        defaults = {name: spec.default for name, spec in self._specs.items()}
+        task: ServingTask[CoreT] = ServingTask(self.task, self.build_core, decode, self.infer,
+                                               self.validate_task_params, self.core_params, defaults, costs)
         self.serving = ServingCore(task, params, self.get_logger(), name=node_name, outcome=self._report_frame,
                                    status_changed=self.publish_diagnostics, alive=self.context.ok)
         self.diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
@@ -161,12 +162,12 @@ class ModelNode(Node, ABC):
         the outputs (discovery runs during the load) by the time the first frame is answered."""
 
     @abstractmethod
-    def build_core(self, path: str, params: dict[str, Any], memory_budget_mb: float | None) -> PerceptionCore:
+    def build_core(self, path: str, params: dict[str, Any], memory_budget_mb: float | None) -> CoreT:
         """The task's perception core for ``path`` and the node's parameters (ValueError with the
         reason when the model fits no format, the named format, or the options)."""
 
     @abstractmethod
-    def infer(self, frame: FrameInfo, rgb: np.ndarray, core: PerceptionCore) -> None:
+    def infer(self, frame: FrameInfo, rgb: np.ndarray, core: CoreT) -> None:
         """Run the core on one HxWx3 uint8 RGB frame and publish the results (header copied from
         ``frame``)."""
 

@@ -64,7 +64,7 @@ def make_detector(path: str, params: dict[str, Any], memory_budget_mb: float | N
                     threads=int(params["threads"]) or None, input_size=input_size(path, params), **engine)
 
 
-class PedestrianNode(ModelNode):
+class PedestrianNode(ModelNode[Detector]):
     task = "pedestrian"
     core_params = ("classes", "labels_file")
 
@@ -84,7 +84,7 @@ class PedestrianNode(ModelNode):
     def build_core(self, path: str, params: dict[str, Any], memory_budget_mb: float | None) -> Detector:
         return make_detector(path, params, memory_budget_mb, swappable=True)
 
-    def infer(self, frame: FrameInfo, rgb: np.ndarray, core: Detector) -> None:  # type: ignore[override]
+    def infer(self, frame: FrameInfo, rgb: np.ndarray, core: Detector) -> None:
         # thresholds are read per frame: a change takes effect without reloading the model
         core.score_threshold = float(self.params["score_threshold"])
         core.nms_iou = float(self.params["nms_iou"])

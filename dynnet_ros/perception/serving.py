@@ -22,7 +22,7 @@ import traceback
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -103,14 +103,18 @@ def _no_check(merged: dict[str, Any], updates: dict[str, Any]) -> None:
     """A task without cross-parameter checks."""
 
 
+#: the task's perception core: what ``build`` makes is what ``serve`` runs
+CoreT = TypeVar("CoreT", bound=PerceptionCore)
+
+
 @dataclass(frozen=True)
-class ServingTask:
+class ServingTask(Generic[CoreT]):
     """The task-specific part of serving, supplied by the adapter."""
 
     name: str                                                            # lane, pedestrian, depth
-    build: Callable[[str, dict[str, Any], float | None], PerceptionCore]  # path, params, engine budget
+    build: Callable[[str, dict[str, Any], float | None], CoreT]          # path, params, engine budget
     decode: Callable[[Any], Decoded]                                     # a payload -> pixels
-    serve: Callable[[FrameInfo, np.ndarray, PerceptionCore], None]       # run the core, publish
+    serve: Callable[[FrameInfo, np.ndarray, CoreT], None]                # run the core, publish
     check: Callable[[dict[str, Any], dict[str, Any]], None] = _no_check  # ValueError: refused
     core_params: tuple[str, ...] = ()    # parameters besides ENGINE_PARAMS whose change loads a new core
     defaults: dict[str, Any] = field(default_factory=dict)              # parameter defaults (refusal hints)
@@ -130,7 +134,7 @@ class ServingStatus:
 class ServingCore:
     """Frames in through ``offer``, one model run per newest frame on a worker thread."""
 
-    def __init__(self, task: ServingTask, params: dict[str, Any], log: Log, *, name: str,
+    def __init__(self, task: ServingTask[Any], params: dict[str, Any], log: Log, *, name: str,
                  outcome: Callable[[Arrival, str], None], status_changed: Callable[[], None],
                  alive: Callable[[], bool] = lambda: True) -> None:
         """``outcome(arrival, what)``: each frame's fate (processed, dropped, failed, skipped);
