@@ -31,6 +31,7 @@ PARAMS: dict[str, Any] = {
     "model_path": "", "model_format": "auto", "backend": "cpu", "threads": 1, "max_input_side": 0,
     "memory_budget_mb": 0.0, "budget_owner": "", "enabled": True, "max_rate_hz": 0.0, "mapping": "",
     "exit_threshold": -1.0, "deadline_ms": 0.0, "camera_sizes": ["96x64"], "classes": [""],
+    "batch_window_ms": 5.0, "max_batch": 0, "max_latency_ms": 100.0,
 }
 COSTS = FrameCosts(output_bytes_per_pixel=8.0)
 
@@ -60,13 +61,14 @@ class Adapter:
             raise ValueError(f"cannot decode {payload!r}")
         return Decoded(payload, None, "rgb8", payload.nbytes)
 
-    def serve(self, frame: FrameInfo, rgb: np.ndarray, core: Any) -> None:
+    def serve(self, frames: list[FrameInfo], rgbs: list[np.ndarray], core: Any) -> None:
         self.in_frame.set()
         if self.gate is not None:
             self.gate.wait()
-        result = core(rgb)
-        assert result.mask.shape == rgb.shape[:2]
-        self.served.append((frame.stamp_ns, id(core)))
+        for frame, rgb in zip(frames, rgbs):
+            result = core(rgb)
+            assert result.mask.shape == rgb.shape[:2]
+            self.served.append((frame.stamp_ns, id(core)))
 
     def outcome(self, arrival: Arrival, what: str) -> None:
         self.outcomes.append((arrival.source, arrival.stamp_ns, what))

@@ -88,6 +88,9 @@ class ParamSpec:
             constraints.append("one of " + ", ".join(self.choices))
         desc.additional_constraints = "; ".join(constraints)
         desc.read_only = self.read_only
+        # rclpy takes an empty array for a byte array and would then refuse a parameter file's
+        # strings; the value is still checked against this spec (``validate``)
+        desc.dynamic_typing = self.type_key in ("double_array", "string_array") and not self.default
         return desc
 
     def check_file_value(self, value: Any) -> str | None:
@@ -160,7 +163,7 @@ def declare(node: Node, specs: Iterable[ParamSpec]) -> dict[str, Any]:
         param = node.declare_parameter(spec.name, spec.default, spec.descriptor())
         value = param.value
         if spec.type_key in ("double_array", "string_array"):
-            value = list(value)
+            value = list(value) if value is not None else []   # a parameter file's [] arrives unset
         reason = spec.validate(value)
         if reason:
             raise ValueError(f"parameter {reason}")

@@ -7,21 +7,26 @@ on the model's format: the zoo's RGB+LiDAR model takes it as a sparse depth chan
 inverse-depth model (MiDaS / Depth Anything style) is made metric by a robust fit to it (held
 from the last good fit when too few points land on the frame; fit residual and point count in
 /diagnostics); a metric model's output is scaled by `depth_scale`. Without a cloud or
-CameraInfo the core runs on the image alone.
+CameraInfo the core runs on the image alone. With several ``cameras`` the one cloud is moved
+into each camera's frame with that camera's ``<name>.lidar_to_camera``.
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from rclpy.publisher import Publisher
 from rclpy.qos import qos_profile_sensor_data
 from rclpy.time import Time
 from sensor_msgs.msg import Image, PointCloud2
 
 from dynnet_ros.geometry import extrinsic_matrix, transform_points
 from dynnet_ros.nodes.base import SENSOR_QOS_OVERRIDES, ParamSpec, run_node
+from dynnet_ros.nodes.camera_inputs import CameraInput
 from dynnet_ros.nodes.convert import array_to_image, cloud_to_xyzi
 from dynnet_ros.nodes.model_node import OUTPUT_QOS, ModelNode
 from dynnet_ros.nodes.model_params import common_specs, format_spec, input_size
@@ -40,20 +45,34 @@ def _check_extrinsic(values: list[float]) -> str | None:
     return None
 
 
+EXTRINSIC_HELP = ("Transform mapping LiDAR points into the camera frame: [x, y, z, roll, pitch, yaw] (m, rad; "
+                  "R = Rz(yaw) Ry(pitch) Rx(roll)) or 16 values of a row-major 4x4.")
+
 TASK_PARAMETERS = [
     format_spec("Depth", DEPTH_FORMATS, "signature and metadata"),
     ParamSpec("depth_scale", 1.0, "Metric models: multiplier from model output to metres (relative models are "
               "scaled by the LiDAR fit and need 1.0).", low=1e-3, high=1e3),
     ParamSpec("max_depth_m", 100.0, "Output depths are clipped to [0, max_depth_m].", low=0.1, high=1e4),
-    ParamSpec("lidar_to_camera", lidar_to_camera_xyzrpy(),
-              "Transform mapping LiDAR points into the camera frame: [x, y, z, roll, pitch, yaw] "
-              "(m, rad; R = Rz(yaw) Ry(pitch) Rx(roll)) or 16 values of a row-major 4x4. "
-              "Default: the sensor simulator's mount.", kind="double_array", check=_check_extrinsic),
+    ParamSpec("lidar_to_camera", lidar_to_camera_xyzrpy(), f"{EXTRINSIC_HELP} Default: the sensor simulator's "
+              "mount.", kind="double_array", check=_check_extrinsic),
     ParamSpec("lidar_max_age_s", 0.5, "Ignore clouds older than this relative to the image stamp.",
               low=0.0, high=60.0),
 ]
 #: every parameter depth_node declares (also what `dynnet up` and the launch file check)
 PARAMETERS = common_specs("depth") + TASK_PARAMETERS
+#: declared once per named camera as ``<camera name>.lidar_to_camera``
+CAMERA_PARAMETERS = [
+    ParamSpec("lidar_to_camera", lidar_to_camera_xyzrpy(), f"That camera's extrinsic. {EXTRINSIC_HELP} Default: "
+              "the node's lidar_to_camera at start.", kind="double_array", check=_check_extrinsic),
+]
+
+
+@dataclass(frozen=True)
+class DepthOutputs:
+    """One camera's depth output, and the name of its extrinsic parameter."""
+
+    image: Publisher
+    extrinsic: str
 
 
 def make_depth_estimator(path: str, params: dict[str, Any], memory_budget_mb: float | None,
@@ -79,8 +98,13 @@ class DepthNode(ModelNode[DepthEstimator]):
         self._fit: DepthFit | None = None
         super().__init__("depth_node", TASK_PARAMETERS, **options)
 
-    def create_outputs(self) -> None:
-        self.depth_pub = self.create_publisher(Image, "depth/image", OUTPUT_QOS)
+    def create_outputs(self, camera: CameraInput) -> DepthOutputs:
+        extrinsic = f"{camera.name}.lidar_to_camera" if camera.namespace else "lidar_to_camera"
+        return DepthOutputs(self.create_publisher(Image, camera.output("depth/image"), OUTPUT_QOS), extrinsic)
+
+    def camera_specs(self, camera: CameraInput, params: dict[str, Any]) -> list[ParamSpec]:
+        return [dataclasses.replace(spec, name=f"{camera.name}.{spec.name}", default=params[spec.name])
+                for spec in CAMERA_PARAMETERS]
 
     def create_sensor_inputs(self) -> None:
         self.create_subscription(PointCloud2, "lidar/points", self._on_cloud, qos_profile_sensor_data,
@@ -108,7 +132,7 @@ class DepthNode(ModelNode[DepthEstimator]):
             self._cloud = (Time.from_msg(msg.header.stamp), points)
 
     def _camera_points(self, frame: FrameInfo) -> np.ndarray | None:
-        """The newest cloud in the camera's optical frame, or None when it is missing or stale."""
+        """The newest cloud in the frame's camera's optical frame, or None when it is missing or stale."""
         with self._cloud_lock:
             cloud = self._cloud
         if cloud is None:
@@ -117,18 +141,21 @@ class DepthNode(ModelNode[DepthEstimator]):
         age = abs((Time.from_msg(frame.header.stamp) - stamp).nanoseconds) * 1e-9
         if age > self.params["lidar_max_age_s"]:
             return None
-        return transform_points(extrinsic_matrix(self.params["lidar_to_camera"]), points[:, :3])
+        outputs: DepthOutputs = self.outputs[frame.source]
+        return transform_points(extrinsic_matrix(self.params[outputs.extrinsic]), points[:, :3])
 
-    def infer(self, frame: FrameInfo, rgb: np.ndarray, core: DepthEstimator) -> None:
-        if not core.format.relative:  # read per frame: a change takes effect without reloading the model
+    def infer(self, frames: list[FrameInfo], rgbs: list[np.ndarray], core: DepthEstimator) -> None:
+        if not core.format.relative:  # read per batch: a change takes effect without reloading the model
             core.depth_scale = float(self.params["depth_scale"])
         core.max_depth_m = float(self.params["max_depth_m"])
-        k = self.intrinsics_for(frame.width, frame.height)
-        points = self._camera_points(frame) if k is not None else None
-        depth = core(rgb, points, k) if points is not None else core(rgb)
-        self._lidar_in_view = depth.lidar_points
-        self._fit = depth.fit
-        self.depth_pub.publish(array_to_image(depth.metres, "32FC1", frame.header))
+        for frame, rgb in zip(frames, rgbs):
+            k = self.intrinsics_for(frame)
+            points = self._camera_points(frame) if k is not None else None
+            depth = core(rgb, points, k) if points is not None else core(rgb)
+            self._lidar_in_view = depth.lidar_points
+            self._fit = depth.fit
+            outputs: DepthOutputs = self.outputs[frame.source]
+            outputs.image.publish(array_to_image(depth.metres, "32FC1", frame.header))
 
     def extra_diagnostics(self) -> dict:
         values: dict[str, Any] = {"lidar_pixels_in_view": self._lidar_in_view,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from rclpy.node import Node
 from rclpy.qos import QoSProfile
-from rclpy.subscription import Subscription
 from std_msgs.msg import String
 
 from dynnet_ros.frame_reports import FRAMES_TOPIC, FrameOutcome
@@ -18,16 +17,17 @@ FRAMES_QOS = QoSProfile(depth=50)
 
 
 class FrameReporter:
-    """Publishes the outcome of each frame taken from ``subscription`` (the node's camera)."""
+    """Publishes the outcome of each frame taken from the node's cameras (``topics``: each
+    camera's image topic, by camera name, as its subscription resolved it)."""
 
-    def __init__(self, node: Node, subscription: Subscription) -> None:
+    def __init__(self, node: Node, topics: dict[str, str]) -> None:
         self._node = node
         self._pub = node.create_publisher(String, FRAMES_TOPIC, FRAMES_QOS)
-        self.topic = subscription.topic_name
+        self.topics = dict(topics)
 
-    def report(self, stamp_ns: int, outcome: str) -> None:
-        """The outcome of the frame stamped ``stamp_ns`` (its header stamp in nanoseconds)."""
-        record = FrameOutcome(self._node.get_fully_qualified_name(), self.topic, stamp_ns, outcome)
+    def report(self, camera: str, stamp_ns: int, outcome: str) -> None:
+        """The outcome of ``camera``'s frame stamped ``stamp_ns`` (its header stamp in nanoseconds)."""
+        record = FrameOutcome(self._node.get_fully_qualified_name(), self.topics[camera], stamp_ns, outcome)
         try:
             self._pub.publish(String(data=record.to_json()))
         except Exception:  # the context is shut down while the node exits

@@ -9,12 +9,15 @@ colour-coded rgb8 image (one fixed colour per class id), for RViz or rqt_image_v
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from rclpy.publisher import Publisher
 from sensor_msgs.msg import Image
 
 from dynnet_ros.nodes.base import ParamSpec, run_node
+from dynnet_ros.nodes.camera_inputs import CameraInput
 from dynnet_ros.nodes.convert import array_to_image
 from dynnet_ros.nodes.model_node import OUTPUT_QOS, ModelNode
 from dynnet_ros.nodes.model_params import class_list, classes_spec, common_specs, format_spec, input_size
@@ -53,6 +56,14 @@ def label_colours(class_map: np.ndarray) -> np.ndarray:
     return rgb
 
 
+@dataclass(frozen=True)
+class LaneOutputs:
+    """One camera's lane outputs."""
+
+    mask: Publisher
+    labels: Publisher
+
+
 class LaneNode(ModelNode[Segmenter]):
     task = "lane"
     core_params = ("classes", "output_name")
@@ -63,23 +74,26 @@ class LaneNode(ModelNode[Segmenter]):
         self._lane_fraction = 0.0
         super().__init__("lane_node", TASK_PARAMETERS, **options)
 
-    def create_outputs(self) -> None:
-        self.mask_pub = self.create_publisher(Image, "lane/mask", OUTPUT_QOS)
-        self.labels_pub = self.create_publisher(Image, "lane/labels", OUTPUT_QOS)
+    def create_outputs(self, camera: CameraInput) -> LaneOutputs:
+        return LaneOutputs(self.create_publisher(Image, camera.output("lane/mask"), OUTPUT_QOS),
+                           self.create_publisher(Image, camera.output("lane/labels"), OUTPUT_QOS))
 
     def build_core(self, path: str, params: dict[str, Any], memory_budget_mb: float | None) -> Segmenter:
         return make_segmenter(path, params, memory_budget_mb, swappable=True)
 
-    def infer(self, frame: FrameInfo, rgb: np.ndarray, core: Segmenter) -> None:
-        result = core(rgb)
-        if result.probability is not None:  # the threshold applies per frame, no reload
-            mask = np.greater_equal(result.probability, np.float32(self.params["lane_threshold"])).view(np.uint8)
-        else:
-            mask = result.mask.view(np.uint8)
-        self._lane_fraction = float(np.count_nonzero(mask)) / mask.size
-        self.mask_pub.publish(array_to_image(mask * np.uint8(255), "mono8", frame.header))
-        if result.class_map is not None:
-            self.labels_pub.publish(array_to_image(label_colours(result.class_map), "rgb8", frame.header))
+    def infer(self, frames: list[FrameInfo], rgbs: list[np.ndarray], core: Segmenter) -> None:
+        threshold = np.float32(self.params["lane_threshold"])  # applies per frame, no reload
+        for frame, rgb in zip(frames, rgbs):
+            result = core(rgb)
+            if result.probability is not None:
+                mask = np.greater_equal(result.probability, threshold).view(np.uint8)
+            else:
+                mask = result.mask.view(np.uint8)
+            self._lane_fraction = float(np.count_nonzero(mask)) / mask.size
+            outputs: LaneOutputs = self.outputs[frame.source]
+            outputs.mask.publish(array_to_image(mask * np.uint8(255), "mono8", frame.header))
+            if result.class_map is not None:
+                outputs.labels.publish(array_to_image(label_colours(result.class_map), "rgb8", frame.header))
 
     def extra_diagnostics(self) -> dict:
         return {"lane_threshold": self.params["lane_threshold"], "lane_pixel_fraction": self._lane_fraction,

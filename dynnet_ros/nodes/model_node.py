@@ -8,6 +8,11 @@ applied at once), subscribes to the camera, parks each message in the core's mai
 on the core's worker, publishes the task's results (header copied) and the core's status on
 /diagnostics, and takes part in the budget protocol (docs/budget.md).
 
+With ``cameras`` (``camera_inputs``) one node serves several cameras with its one core: a
+subscription pair per camera (image and CameraInfo, under the camera's namespace), outputs per
+camera under the same namespace, each result with its own frame's header, and one diagnostic
+status per camera beside the node's own.
+
 Threading model: the subscription callback only parks the newest message (an older unprocessed
 one is dropped and counted) and one worker runs the model on whatever is newest, so latency stays
 bounded by one inference, never by a queue. An rgb8 frame reaches the core as a view over the
@@ -34,6 +39,7 @@ from dynnet_ros.engine.engine import Engine
 from dynnet_ros.nodes import diagnostics as diag
 from dynnet_ros.nodes.base import SENSOR_QOS_OVERRIDES, AtomicParameterService, ParamSpec, declare, steady_timer
 from dynnet_ros.nodes.budget_profile import ProfilePublisher, prewarm_runtime
+from dynnet_ros.nodes.camera_inputs import CameraInput, camera_inputs, per_camera
 from dynnet_ros.nodes.convert import camera_to_rgb8
 from dynnet_ros.nodes.frame_report import FrameReporter
 from dynnet_ros.nodes.model_params import common_specs
@@ -86,7 +92,14 @@ class ModelNode(Node, ABC, Generic[CoreT]):
         self._parameter_service = AtomicParameterService(self)
         self._specs = {s.name: s for s in common_specs(self.task) + task_specs}
         params = declare(self, self._specs.values())
-        self.create_outputs()
+        self.cameras: list[CameraInput] = camera_inputs(params["cameras"])
+        named = per_camera(params["cameras"])
+        if named:
+            specs = [spec for camera in self.cameras for spec in self.camera_specs(camera, params)]
+            self._specs.update({spec.name: spec for spec in specs})
+            params.update(declare(self, specs))
+        #: each camera's outputs (``create_outputs``), by camera name
+        self.outputs: dict[str, Any] = {camera.name: self.create_outputs(camera) for camera in self.cameras}
         # Model-independent library state (the engine's modules) is in before the
         # core's budget baseline, like rclpy: it is the same for every model and stays when a model
         # is unloaded.
@@ -97,12 +110,14 @@ class ModelNode(Node, ABC, Generic[CoreT]):
         task: ServingTask[CoreT] = ServingTask(self.task, self.build_core, decode, self.infer,
                                                self.validate_task_params, self.core_params, defaults, costs)
         self.serving = ServingCore(task, params, self.get_logger(), name=node_name, outcome=self._report_frame,
-                                   status_changed=self.publish_diagnostics, alive=self.context.ok)
+                                   status_changed=self.publish_diagnostics, alive=self.context.ok,
+                                   sources=[camera.name for camera in self.cameras] if named else None)
         self.diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         # sensor callbacks and the diagnostics timer run beside the parameter services (see run_node)
         self.io_group = MutuallyExclusiveCallbackGroup()
+        self.image_subscriptions: dict[str, Any] = {}
         self.create_sensor_inputs()
-        self.frames = FrameReporter(self, self.image_subscription)
+        self.frames = FrameReporter(self, {name: sub.topic_name for name, sub in self.image_subscriptions.items()})
         self.create_subscription(String, BUDGETS_TOPIC, self._on_budgets, 10, callback_group=self.io_group)
         self.add_on_set_parameters_callback(self._on_set_parameters)
         steady_timer(self, 1.0, self.publish_diagnostics, self.io_group)
@@ -133,9 +148,10 @@ class ModelNode(Node, ABC, Generic[CoreT]):
     def stats(self) -> FrameStats:
         return self.serving.stats
 
-    def intrinsics_for(self, width: int, height: int) -> np.ndarray | None:
-        """K for this image size: an exact CameraInfo match, else the latest one rescaled."""
-        return self.serving.intrinsics.for_size(width, height)
+    def intrinsics_for(self, frame: FrameInfo) -> np.ndarray | None:
+        """K for the frame's camera and image size: an exact CameraInfo match, else the latest
+        one rescaled."""
+        return self.serving.intrinsics[frame.source].for_size(frame.width, frame.height)
 
     def own_memory_mb(self) -> float:
         return self.serving.own_memory_mb()
@@ -145,21 +161,32 @@ class ModelNode(Node, ABC, Generic[CoreT]):
 
     # ------------------------------------------------------------------ subclass hooks
     def create_sensor_inputs(self) -> None:
-        """Subscribe to the camera and its CameraInfo (a node with more sensors adds its own here,
+        """Subscribe to each camera and its CameraInfo (a node with more sensors adds its own here,
         so every sensor input exists once the node shows up in the graph)."""
         compressed = self.params["image_transport"] == "compressed"
-        self.image_subscription = self.create_subscription(
-            CompressedImage if compressed else Image,
-            compressed_topic(self.resolve_topic_name("camera/image_raw")) if compressed else "camera/image_raw",
-            self._on_image, IMAGE_QOS, callback_group=self.io_group, qos_overriding_options=SENSOR_QOS_OVERRIDES)
-        self.create_subscription(CameraInfo, "camera/camera_info", self._on_camera_info, qos_profile_sensor_data,
-                                 callback_group=self.io_group, qos_overriding_options=SENSOR_QOS_OVERRIDES)
+        for camera in self.cameras:
+            name = camera.name
+            self.image_subscriptions[name] = self.create_subscription(
+                CompressedImage if compressed else Image,
+                compressed_topic(self.resolve_topic_name(camera.image_topic)) if compressed else camera.image_topic,
+                lambda msg, name=name: self._on_image(msg, name), IMAGE_QOS, callback_group=self.io_group,
+                qos_overriding_options=SENSOR_QOS_OVERRIDES)
+            self.create_subscription(CameraInfo, camera.info_topic,
+                                     lambda msg, name=name: self._on_camera_info(msg, name), qos_profile_sensor_data,
+                                     callback_group=self.io_group, qos_overriding_options=SENSOR_QOS_OVERRIDES)
 
     @abstractmethod
-    def create_outputs(self) -> None:
-        """Create the node's output publishers. Runs before the model loads and before any
-        subscription: a frame can never find its publisher missing, and subscribers have matched
-        the outputs (discovery runs during the load) by the time the first frame is answered."""
+    def create_outputs(self, camera: CameraInput) -> Any:
+        """Create ``camera``'s output publishers (``camera.output(topic)`` names each) and return
+        them; ``infer`` finds them in ``self.outputs[frame.source]``. Runs before the model loads
+        and before any subscription: a frame can never find its publisher missing, and
+        subscribers have matched the outputs (discovery runs during the load) by the time the
+        first frame is answered."""
+
+    def camera_specs(self, camera: CameraInput, params: dict[str, Any]) -> list[ParamSpec]:
+        """Parameters declared once per named camera, named ``<camera name>.<parameter>``
+        (``params``: the node's own, for their defaults)."""
+        return []
 
     @abstractmethod
     def build_core(self, path: str, params: dict[str, Any], memory_budget_mb: float | None) -> CoreT:
@@ -167,9 +194,9 @@ class ModelNode(Node, ABC, Generic[CoreT]):
         reason when the model fits no format, the named format, or the options)."""
 
     @abstractmethod
-    def infer(self, frame: FrameInfo, rgb: np.ndarray, core: CoreT) -> None:
-        """Run the core on one HxWx3 uint8 RGB frame and publish the results (header copied from
-        ``frame``)."""
+    def infer(self, frames: list[FrameInfo], rgbs: list[np.ndarray], core: CoreT) -> None:
+        """Run the core on a batch of HxWx3 uint8 RGB frames (one per camera at most) and publish
+        each frame's results on its camera's outputs, its header copied from its ``FrameInfo``."""
 
     def validate_task_params(self, merged: dict[str, Any], updates: dict[str, Any]) -> None:
         """Cross-parameter checks of subclasses; raise ValueError with the reason."""
@@ -178,17 +205,17 @@ class ModelNode(Node, ABC, Generic[CoreT]):
         return {}
 
     # ------------------------------------------------------------------ callbacks
-    def _on_image(self, msg: Image | CompressedImage) -> None:
-        self.serving.offer(CAMERA, stamp_ns(msg.header), msg.header.frame_id, msg)
+    def _on_image(self, msg: Image | CompressedImage, camera: str = CAMERA) -> None:
+        self.serving.offer(camera, stamp_ns(msg.header), msg.header.frame_id, msg)
 
     def _report_frame(self, arrival: Arrival, outcome: str) -> None:
-        self.frames.report(arrival.stamp_ns, outcome)
+        self.frames.report(arrival.source, arrival.stamp_ns, outcome)
 
-    def _on_camera_info(self, msg: CameraInfo) -> None:
+    def _on_camera_info(self, msg: CameraInfo, camera: str = CAMERA) -> None:
         try:
-            self.serving.intrinsics.update(int(msg.width), int(msg.height), msg.k)
+            self.serving.intrinsics[camera].update(int(msg.width), int(msg.height), msg.k)
         except ValueError as exc:
-            self.get_logger().warning(f"ignoring CameraInfo: {exc}", throttle_duration_sec=5.0)
+            self.get_logger().warning(f"ignoring CameraInfo of {camera}: {exc}", throttle_duration_sec=5.0)
 
     def _on_budgets(self, msg: String) -> None:
         """A budget report: per-unit memory for this node (``mapping: auto`` re-picks beside the frame loop)."""
@@ -246,10 +273,17 @@ class ModelNode(Node, ABC, Generic[CoreT]):
         self.serving.report_error(message)
 
     def publish_diagnostics(self) -> None:
+        """The node's status, then one per named camera (``<node>: <task> camera <name>``)."""
         status = self.serving.status(self.extra_diagnostics())
-        message = diag.node_status(self, f"{self.task} model", LEVELS[status.level], status.message, status.values)
+        messages = [diag.node_status(self, f"{self.task} model", LEVELS[status.level], status.message,
+                                     status.values)]
+        if self.serving.per_camera:
+            for camera in self.cameras:
+                own = self.serving.camera_status(camera.name)
+                messages.append(diag.node_status(self, f"{self.task} camera {camera.name}", LEVELS[own.level],
+                                                 own.message, {**own.values, "topic": camera.image_topic}))
         try:
-            self.diag_pub.publish(diag.make_array(self.get_clock().now().to_msg(), [message]))
+            self.diag_pub.publish(diag.make_array(self.get_clock().now().to_msg(), messages))
         except Exception:  # context already shut down during exit
             if self.context.ok() and not self.serving.worker.stopped:
                 raise

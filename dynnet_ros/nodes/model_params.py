@@ -14,6 +14,7 @@ from dynnet_ros.budget.protocol import BUDGET_PARAM, OWNER_PARAM
 from dynnet_ros.compressed import TRANSPORTS
 from dynnet_ros.engine.backends.registry import available_backends
 from dynnet_ros.nodes.base import ParamSpec
+from dynnet_ros.nodes.camera_inputs import check_cameras
 from dynnet_ros.perception.mapped import check_mapping
 from dynnet_ros.perception.model_info import ModelInfo, read_model_info
 from dynnet_ros.sim.frames import parse_resolution
@@ -130,4 +131,17 @@ def common_specs(task: str) -> list[ParamSpec]:
                   "whose minimum budgets the node announces to the budget manager before such a frame "
                   "arrives; sizes not listed are announced once seen.", kind="string_array",
                   check=_check_camera_sizes),
+        ParamSpec("cameras", [], "The cameras this node serves with its one model: each a camera namespace "
+                  "('front': front/image_raw, front/camera_info, outputs under front/) or an image topic "
+                  "('/cams/left/image_color': its parent is the namespace). [] = one camera, camera/image_raw, "
+                  "outputs unprefixed. Each camera's name (namespace without slashes, inner ones as '_') keys "
+                  "its diagnostics and per-camera parameters. Read-only: set it at start.",
+                  kind="string_array", check=check_cameras, read_only=True),
+        ParamSpec("batch_window_ms", 5.0, "Several cameras: once the worker takes a frame it waits up to this "
+                  "long for the other cameras' frames and runs them as one batch (0 = no batching: one frame "
+                  "per model run).", low=0.0, high=1000.0),
+        ParamSpec("max_batch", 0, "The largest batch the node forms (0 = one frame per camera); the model's own "
+                  "limit and the memory budget may lower it (diagnostics: batch_limit).", low=0, high=64),
+        ParamSpec("max_latency_ms", 100.0, "A batch never waits for more frames past the oldest waiting frame's "
+                  "arrival plus this (nor past batch_window_ms after its first frame).", low=0.0, high=1.0e4),
     ]

@@ -9,11 +9,13 @@ that is no ONNX model would otherwise crash-loop the node at every restart.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from dynnet_ros.graph_config import GraphConfig
 from dynnet_ros.nodes import budget_manager, depth_node, lane_node, pedestrian_node, sensor_sim
 from dynnet_ros.nodes.base import ParamSpec
+from dynnet_ros.nodes.camera_inputs import camera_inputs, per_camera
 from dynnet_ros.perception.model_info import read_model_info
 
 #: parameters every ROS 2 node takes without declaring them
@@ -37,6 +39,24 @@ DECLARED: dict[str, list[ParamSpec]] = {
     "depth_node": depth_node.PARAMETERS,
     "budget_manager": budget_manager.PARAMETERS,
 }
+#: parameters a node declares once per camera of its ``cameras`` parameter, as ``<camera name>.<parameter>``
+PER_CAMERA: dict[str, list[ParamSpec]] = {"depth_node": depth_node.CAMERA_PARAMETERS}
+
+
+def camera_specs(executable: str, parameters: dict[str, Any]) -> dict[str, ParamSpec]:
+    """The per-camera parameters a node with ``parameters`` declares, by full name (none where
+    its ``cameras`` names none, or is itself wrong: that is reported on its own)."""
+    entries = parameters.get("cameras", [])
+    templates = PER_CAMERA.get(executable, [])
+    if not templates or not isinstance(entries, list) or not all(isinstance(e, str) for e in entries) \
+            or not per_camera(entries):
+        return {}
+    try:
+        names = [camera.name for camera in camera_inputs(entries)]
+    except ValueError:
+        return {}
+    return {f"{name}.{spec.name}": dataclasses.replace(spec, name=f"{name}.{spec.name}")
+            for name in names for spec in templates}
 
 
 def parameter_problems(graph: GraphConfig) -> list[str]:
@@ -44,6 +64,7 @@ def parameter_problems(graph: GraphConfig) -> list[str]:
     problems = []
     for node in graph.nodes:
         specs = {spec.name: spec for spec in DECLARED[node.executable]}
+        specs.update(camera_specs(node.executable, node.parameters))
         for name, value in nest_qos_overrides(node.parameters).items():
             spec = specs.get(name)
             if name == QOS_OVERRIDES and node.executable in QOS_ENTITIES:

@@ -7,15 +7,17 @@ given another default cannot leave the docs behind: ``python -m dynnet_ros.nodes
 prints the markdown, and test/test_parameter_table.py keeps docs/ros.md equal to it.
 
 The three model nodes share most parameters; a row that reads the same on all three is printed
-once, under "Every model node", and each model node's table holds only the rest.
+once, under "Every model node", and each model node's table holds only the rest. A parameter
+declared once per camera of a node's ``cameras`` is printed as ``<camera>.<parameter>``.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from dynnet_ros.nodes import foxglove_view
 from dynnet_ros.nodes.base import ParamSpec
-from dynnet_ros.nodes.parameter_check import DECLARED
+from dynnet_ros.nodes.parameter_check import DECLARED, PER_CAMERA
 
 MODEL_NODES = ("lane_node", "pedestrian_node", "depth_node")
 #: every node with parameters, in the order the docs list them
@@ -90,6 +92,7 @@ def markdown_tables() -> str:
     for name in ORDER:
         rows = [line for line in (row(spec) for spec in TABLES[name])
                 if name not in MODEL_NODES or line not in shared]
+        rows += [row(dataclasses.replace(spec, name=f"<camera>.{spec.name}")) for spec in PER_CAMERA.get(name, [])]
         sections.append(f"### {name}\n\n" + "\n".join([_HEADER, *rows]))
     return "\n\n".join(sections) + "\n"
 

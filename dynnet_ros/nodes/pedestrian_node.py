@@ -16,13 +16,16 @@ and in its diagnostics.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from geometry_msgs.msg import Point
+from rclpy.publisher import Publisher
 from visualization_msgs.msg import Marker, MarkerArray
 
 from dynnet_ros.nodes.base import ParamSpec, run_node
+from dynnet_ros.nodes.camera_inputs import CameraInput
 from dynnet_ros.nodes.model_node import OUTPUT_QOS, ModelNode
 from dynnet_ros.nodes.model_params import class_list, classes_spec, common_specs, format_spec, input_size
 from dynnet_ros.perception import Detections, Detector
@@ -64,6 +67,14 @@ def make_detector(path: str, params: dict[str, Any], memory_budget_mb: float | N
                     threads=int(params["threads"]) or None, input_size=input_size(path, params), **engine)
 
 
+@dataclass(frozen=True)
+class PedestrianOutputs:
+    """One camera's pedestrian outputs (no detections publisher without vision_msgs)."""
+
+    markers: Publisher
+    detections: Publisher | None
+
+
 class PedestrianNode(ModelNode[Detector]):
     task = "pedestrian"
     core_params = ("classes", "labels_file")
@@ -72,31 +83,34 @@ class PedestrianNode(ModelNode[Detector]):
         self._last_count = 0
         super().__init__("pedestrian_node", TASK_PARAMETERS, **options)
 
-    def create_outputs(self) -> None:
-        self.marker_pub = self.create_publisher(MarkerArray, "pedestrian/markers", OUTPUT_QOS)
-        self.detection_pub = None
+    def create_outputs(self, camera: CameraInput) -> PedestrianOutputs:
+        detections = None
         if HAVE_VISION_MSGS:
-            self.detection_pub = self.create_publisher(Detection2DArray, "pedestrian/detections", OUTPUT_QOS)
+            detections = self.create_publisher(Detection2DArray, camera.output("pedestrian/detections"), OUTPUT_QOS)
         else:
-            self.get_logger().warning("vision_msgs is not importable: /pedestrian/detections is not published "
-                                      "(markers on /pedestrian/markers still are)")
+            self.get_logger().warning(f"vision_msgs is not importable: {camera.output('pedestrian/detections')} is "
+                                      f"not published (markers on {camera.output('pedestrian/markers')} still are)")
+        return PedestrianOutputs(self.create_publisher(MarkerArray, camera.output("pedestrian/markers"), OUTPUT_QOS),
+                                 detections)
 
     def build_core(self, path: str, params: dict[str, Any], memory_budget_mb: float | None) -> Detector:
         return make_detector(path, params, memory_budget_mb, swappable=True)
 
-    def infer(self, frame: FrameInfo, rgb: np.ndarray, core: Detector) -> None:
-        # thresholds are read per frame: a change takes effect without reloading the model
+    def infer(self, frames: list[FrameInfo], rgbs: list[np.ndarray], core: Detector) -> None:
+        # thresholds are read per batch: a change takes effect without reloading the model
         core.score_threshold = float(self.params["score_threshold"])
         core.nms_iou = float(self.params["nms_iou"])
         core.max_detections = int(self.params["max_detections"])
-        detections = core(rgb)
-        self._last_count = len(detections)
-        k = self.intrinsics_for(frame.width, frame.height)
-        if k is None:
-            k = camera_matrix(frame.width, frame.height)
-        self.marker_pub.publish(markers(frame, detections, k))
-        if self.detection_pub is not None:
-            self.detection_pub.publish(detection_array(frame, detections))
+        for frame, rgb in zip(frames, rgbs):
+            detections = core(rgb)
+            self._last_count = len(detections)
+            k = self.intrinsics_for(frame)
+            if k is None:
+                k = camera_matrix(frame.width, frame.height)
+            outputs: PedestrianOutputs = self.outputs[frame.source]
+            outputs.markers.publish(markers(frame, detections, k))
+            if outputs.detections is not None:
+                outputs.detections.publish(detection_array(frame, detections))
 
     def extra_diagnostics(self) -> dict:
         core = self.core

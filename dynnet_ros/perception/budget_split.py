@@ -11,12 +11,12 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dynnet_ros.engine.engine import Engine
 from dynnet_ros.memtrim import release_memory
-from dynnet_ros.perception.frame_memory import FrameBytes, frame_bytes
+from dynnet_ros.perception.frame_memory import MESSAGE_COPIES, FrameBytes, frame_bytes
 from dynnet_ros.perception.letterbox import Letterbox, plan_letterbox
 
 #: Until the first frame arrives the buffers are charged for a 640x480 rgb8 camera (the engine's
@@ -45,25 +45,37 @@ class FrameCosts:
                            output_bytes_per_pixel=self.output_bytes_per_pixel,
                            output_const_bytes=self.output_const_bytes)
 
+    def batch_bytes(self, message_bytes: Sequence[int], letterboxes: Sequence[Letterbox]) -> FrameBytes:
+        """A batch's buffers: the messages of every camera (``message_bytes``: one each, in
+        flight whether or not in this batch), the batch's model input (every frame padded to
+        the largest, as a batched core feeds the engine), one frame's preprocessing temporaries
+        at a time, and every frame's outputs. One camera, one frame: ``frame_bytes``."""
+        frames = [self.frame_bytes(0, box) for box in letterboxes]
+        return FrameBytes(messages=MESSAGE_COPIES * sum(int(b) for b in message_bytes),
+                          inputs=len(frames) * max(frame.inputs for frame in frames),
+                          scratch=max(frame.scratch for frame in frames),
+                          outputs=sum(frame.outputs for frame in frames))
+
 
 class BudgetSplit:
     """The frame buffers charged now and the engine's share of the budget; one change at a time."""
 
-    def __init__(self, costs: FrameCosts, max_input_side: int, warn: Callable[[str], None]) -> None:
+    def __init__(self, costs: FrameCosts, max_input_side: int, warn: Callable[[str], None], cameras: int = 1) -> None:
         """``max_input_side``: the node's parameter (< 0: the model's own size, estimated as
-        ``ESTIMATE_INPUT_SIDE``; 0: the camera's size)."""
+        ``ESTIMATE_INPUT_SIDE``; 0: the camera's size); ``cameras``: how many send frames (each
+        one's messages are in flight)."""
         self.costs = costs
         self._warn = warn
         self.lock = threading.Lock()
         width, height, channels = DEFAULT_CAMERA
         side = ESTIMATE_INPUT_SIDE if max_input_side < 0 else max_input_side
-        self.frame: FrameBytes = costs.frame_bytes(width * height * channels, plan_letterbox(
-            height, width, target=(side, side) if side else None, multiple=costs.input_multiple, scaleup=False))
+        self.frame: FrameBytes = costs.batch_bytes([width * height * channels] * cameras, [plan_letterbox(
+            height, width, target=(side, side) if side else None, multiple=costs.input_multiple, scaleup=False)])
         self.engine_budget_mb: float | None = None   # what the engine was handed
         self._frame_key: tuple | None = None
         self._warned: set[tuple] = set()
         self._last_refused: tuple | None = None   # (camera size, budget) the engine refused last frame
-        self._message_sizes: list[tuple[float, int]] = []   # (monotonic time, bytes) of recent frames
+        self._message_sizes: dict[str, list[tuple[float, int]]] = {}   # per camera: (monotonic time, bytes)
 
     def share(self, node_mb: float) -> float | None:
         """The engine's share of the node's budget: the budget minus the frame buffers (None: unlimited)."""
@@ -92,26 +104,30 @@ class BudgetSplit:
                                  f"after this node's {self.frame.total_mb:.1f} MB of frame buffers: {exc}") from exc
             commit()
 
-    def charge_frame(self, engine: Engine, budget_mb: Callable[[], float], message_bytes: int,
-                     letterbox: Letterbox) -> None:
-        """Charge this frame's buffers and give the engine the rest of the node's budget (``budget_mb()``).
+    def charge_frames(self, engine: Engine, budget_mb: Callable[[], float], messages: Sequence[tuple[str, int]],
+                      letterboxes: Sequence[Letterbox]) -> None:
+        """Charge a batch's buffers and give the engine the rest of the node's budget (``budget_mb()``).
 
-        Runs in the worker between two frames. Camera messages are charged at the largest size
-        seen in ``MESSAGE_HOLD_S``. If the engine's share is below its minimum, the engine goes as
-        low as it allows and the share is retried next frame (the minimum follows the input size
-        the engine last ran); a refusal that persists is warned once per size and budget — the
-        published profile already asks the manager for more.
+        ``messages``: each frame's camera and message size; ``letterboxes``: where each goes
+        in the model input. Runs in the worker between two batches. Each camera's messages are
+        charged at the largest size it sent in ``MESSAGE_HOLD_S`` (a camera not in this batch
+        still has its messages in flight). If the engine's share is below its minimum, the engine
+        goes as low as it allows and the share is retried next batch (the minimum follows the
+        input size the engine last ran); a refusal that persists is warned once per size and
+        budget — the published profile already asks the manager for more.
         """
         now = time.monotonic()
-        self._message_sizes = [(t, b) for t, b in self._message_sizes
-                               if now - t <= MESSAGE_HOLD_S and b > message_bytes]
-        self._message_sizes.append((now, message_bytes))
-        message_bytes = max(b for _, b in self._message_sizes)  # larger frames may still be in flight
-        key = (message_bytes, letterbox)
+        for source, size in messages:
+            recent = [(t, b) for t, b in self._message_sizes.get(source, []) if now - t <= MESSAGE_HOLD_S and b > size]
+            self._message_sizes[source] = [*recent, (now, size)]
+        held = {source: max(b for _, b in sizes) for source, sizes in self._message_sizes.items()
+                if any(now - t <= MESSAGE_HOLD_S for t, _ in sizes)}  # larger frames may still be in flight
+        key = (tuple(sorted(held.items())), tuple(letterboxes))
+        letterbox = max(letterboxes, key=lambda box: box.pad_h * box.pad_w)
         with self.lock:
             if key != self._frame_key:
                 self._frame_key = key
-                self.frame = self.costs.frame_bytes(message_bytes, letterbox)
+                self.frame = self.costs.batch_bytes(list(held.values()), letterboxes)
             node_mb = budget_mb()
             target = self.share(node_mb)
             self._last_refused, refused = None, self._last_refused

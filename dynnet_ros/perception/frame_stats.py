@@ -95,3 +95,36 @@ class StampGaps:
             self._steps.append(step)
             while len(self._steps) > self.window:
                 self._steps.popleft()
+
+
+#: A camera that sent nothing for this long is reported silent in its own status (WARN); the
+#: other cameras keep being served meanwhile.
+SILENT_S = 2.0
+
+
+@dataclass
+class CameraStats:
+    """One camera's share of a multi-camera core's frames: its counters, latency (from the
+    frame's arrival to its outputs: the mailbox wait and the batch window included) and lost
+    frames, told from its own stamps."""
+
+    frames: FrameStats = field(default_factory=FrameStats)
+    gaps: StampGaps = field(default_factory=StampGaps)
+    last_arrival: float | None = None   # monotonic time of its last frame
+
+    def received(self, stamp_ns: int) -> None:
+        self.gaps.observe(stamp_ns)
+        self.frames.received += 1
+        self.last_arrival = time.monotonic()
+
+    def silent_s(self) -> float | None:
+        """Seconds since its last frame (None: none yet)."""
+        last = self.last_arrival
+        return None if last is None else time.monotonic() - last
+
+    def values(self) -> dict[str, float | int | None]:
+        """The counters as a status publishes them (keys without the camera's prefix)."""
+        p50, p95 = self.frames.percentiles()
+        return {"received": self.frames.received, "processed": self.frames.processed,
+                "dropped": self.frames.dropped, "failed": self.frames.failed, "missing": self.gaps.lost,
+                "hz": self.frames.rate_hz(), "latency_p50_ms": p50, "latency_p95_ms": p95}

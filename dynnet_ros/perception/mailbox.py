@@ -3,18 +3,22 @@
 Why: a camera callback must never wait for a model, and a model must never work through a
 queue of stale frames. The callback parks each frame in a one-slot mailbox per source (a camera),
 replacing, and so dropping, an older frame of that source still waiting; one worker thread takes
-whatever is waiting and serves it. Sources are served in the order their waiting frames arrived,
-so one busy camera cannot starve another. With a rate cap the worker waits out the rest of each
-period before it takes the next frame, and frames arriving meanwhile go through the same slots.
+what is waiting and serves it. Sources are served in the order their waiting frames arrived,
+so one busy camera cannot starve another. With several cameras the worker takes their frames as
+one batch (``batching.form_batch`` decides which and when: a silent camera delays the others by
+at most the batch window). With a rate cap the worker waits out the rest of each period before
+it takes the next batch, and frames arriving meanwhile go through the same slots.
 Plain Python: the adapter's messages travel as opaque payloads.
 """
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from dynnet_ros.perception.batching import BatchPolicy, Waiting, form_batch
 
 #: How often a worker waiting for a frame or out a rate cap looks at its stop flag and re-reads
 #: the cap: a lowered or cleared cap (or a stop) takes effect within this time.
@@ -24,61 +28,88 @@ POLL_S = 0.2
 @dataclass
 class Arrival:
     """One frame as it arrived: where from, its stamp, and the adapter's message (decoded by the
-    worker; ``payload`` is taken out of the arrival there, so the worker holds the only reference)."""
+    worker; ``payload`` is taken out of the arrival there, so the worker holds the only reference).
+    ``arrived``: when the mailbox got it (its clock, seconds)."""
 
     source: str
     stamp_ns: int
     frame_id: str
     payload: Any
+    arrived: float = 0.0
 
 
 class Mailbox:
     """One slot per source; a frame replaces the one of its source still waiting."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._changed = threading.Condition()
         self._slots: dict[str, Arrival] = {}   # insertion order: the source waiting longest first
-        self._wake = threading.Event()
+        self._puts = 0       # frames parked so far: a waiting worker sees a new one
+        self._woken = False  # wake() was called: a waiting worker returns to look at its stop flag
 
     def put(self, arrival: Arrival) -> Arrival | None:
-        """Park ``arrival``; the frame of its source it replaced (dropped), if any."""
-        with self._lock:
+        """Park ``arrival`` (stamped with its arrival time); the frame of its source it replaced
+        (dropped), if any."""
+        with self._changed:
+            arrival.arrived = self.clock()
             replaced = self._slots.get(arrival.source)
             self._slots[arrival.source] = arrival   # a replaced key keeps its place in the order
-            self._wake.set()
+            self._puts += 1
+            self._changed.notify_all()
         return replaced
 
     def take(self) -> Arrival | None:
         """The waiting frame of the source waiting longest (None: none waits)."""
-        with self._lock:
+        with self._changed:
             if not self._slots:
-                self._wake.clear()
                 return None
-            source = next(iter(self._slots))
-            arrival = self._slots.pop(source)
-            if not self._slots:
-                self._wake.clear()
-            return arrival
+            return self._slots.pop(next(iter(self._slots)))
+
+    def take_sources(self, sources: Iterable[str]) -> list[Arrival]:
+        """The waiting frames of ``sources``, in that order (a source with none is left out)."""
+        with self._changed:
+            return [self._slots.pop(source) for source in sources if source in self._slots]
+
+    def waiting(self) -> tuple[list[Waiting], int]:
+        """The frames waiting (source and arrival time) and the count of frames parked so far."""
+        with self._changed:
+            return [Waiting(a.source, a.arrived) for a in self._slots.values()], self._puts
 
     def wait(self, timeout: float) -> bool:
         """Block until a frame may be waiting (or ``timeout``); whether one may."""
-        return self._wake.wait(timeout)
+        with self._changed:
+            self._changed.wait_for(lambda: bool(self._slots) or self._woken, timeout)
+            self._woken = False
+            return bool(self._slots)
+
+    def wait_for_put(self, puts: int, timeout: float) -> None:
+        """Block until a frame is parked after the ``puts``-th (``waiting``), a wake, or ``timeout``."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._puts != puts or self._woken, timeout)
+            self._woken = False
 
     def wake(self) -> None:
         """Wake a waiting worker (to see a stop)."""
-        self._wake.set()
+        with self._changed:
+            self._woken = True
+            self._changed.notify_all()
 
 
 class FrameWorker:
-    """The thread that serves the mailbox: ``serve(arrival)`` per frame taken, at most
-    ``rate_hz()`` frames a second (<= 0: as fast as frames come). ``serve`` reports its own
-    failures; an exception escaping it goes to ``on_error`` and the worker carries on."""
+    """The thread that serves the mailbox: ``serve(arrivals)`` per batch taken, at most
+    ``rate_hz()`` batches a second (<= 0: as fast as frames come). ``batching()`` gives the
+    policy and the batch limit now (limit 1: each frame on its own, as soon as it is taken).
+    ``serve`` reports its own failures; an exception escaping it goes to ``on_error`` and the
+    worker carries on."""
 
-    def __init__(self, mailbox: Mailbox, serve: Callable[[Arrival], None], rate_hz: Callable[[], float],
-                 on_error: Callable[[BaseException], None], name: str) -> None:
+    def __init__(self, mailbox: Mailbox, serve: Callable[[list[Arrival]], None], rate_hz: Callable[[], float],
+                 on_error: Callable[[BaseException], None], name: str,
+                 batching: Callable[[], tuple[BatchPolicy, int]] | None = None) -> None:
         self._mailbox, self._serve, self._rate_hz, self._on_error = mailbox, serve, rate_hz, on_error
+        self._batching = batching
         self._stop = threading.Event()
-        self._last_take: float | None = None   # monotonic time the last frame was taken (the rate cap)
+        self._last_take: float | None = None   # monotonic time the last batch was taken (the rate cap)
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
     @property
@@ -98,20 +129,38 @@ class FrameWorker:
             if not self._mailbox.wait(POLL_S):
                 continue
             self._wait_for_rate()
-            arrival = self._mailbox.take()
-            if arrival is None:
+            arrivals = self._next_batch()
+            if not arrivals:
                 continue
             self._last_take = time.monotonic()
             try:
-                self._serve(arrival)
+                self._serve(arrivals)
             except Exception as exc:  # noqa: BLE001 — the worker must keep serving; the reason is reported
                 if self._stop.is_set():
                     return
                 self._on_error(exc)
 
+    def _next_batch(self) -> list[Arrival]:
+        """The frames to serve now: the longest-waiting one alone when not batching, else what
+        ``form_batch`` takes once it decides (a new frame or the decision's time re-asks it)."""
+        opened = self._mailbox.clock()
+        while not self._stop.is_set():
+            policy, limit = self._batching() if self._batching is not None else (None, 1)
+            if policy is None or limit <= 1:
+                arrival = self._mailbox.take()
+                return [] if arrival is None else [arrival]
+            waiting, puts = self._mailbox.waiting()
+            if not waiting:
+                return []
+            decision = form_batch(waiting, self._mailbox.clock(), opened, policy, limit)
+            if decision.take:
+                return self._mailbox.take_sources(decision.take)
+            self._mailbox.wait_for_put(puts, min(decision.wait_s, POLL_S))
+        return []
+
     def _wait_for_rate(self) -> None:
-        """Wait until the rate cap allows the next frame: its period counted from the last frame
-        taken. The frame stays in the mailbox meanwhile, where a newer one replaces it. The cap
+        """Wait until the rate cap allows the next batch: its period counted from the last one
+        taken. The frames stay in the mailbox meanwhile, where newer ones replace them. The cap
         is re-read every ``POLL_S``, so a change applies to a wait under way."""
         while not self._stop.is_set():
             rate, last = float(self._rate_hz()), self._last_take

@@ -12,6 +12,11 @@ it beside the old one, which serves until the swap; a change that does not load 
 its reason and the old core keeps serving. Frames see a change from the next frame on. The
 adapter decodes its messages (``ServingTask.decode``, on the worker) and publishes results
 (``ServingTask.serve``); each frame's outcome goes back to it with the frame's source and stamp.
+
+Several cameras (``sources``) share the one core: each has its own mailbox slot, counters and
+intrinsics, and the worker runs the frames waiting from several of them as one batch
+(``batching``: ``batch_window_ms``, ``max_batch``, ``max_latency_ms``), handed to
+``ServingTask.serve`` together; each result goes out on its own camera's outputs.
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -30,9 +35,10 @@ from dynnet_ros.budget.protocol import BUDGET_PARAM, OWNER_PARAM, size_key
 from dynnet_ros.bytesize import to_mb
 from dynnet_ros.engine.engine import Engine
 from dynnet_ros.memtrim import release_memory
+from dynnet_ros.perception.batching import BatchPolicy
 from dynnet_ros.perception.budget_split import BudgetSplit, FrameCosts
 from dynnet_ros.perception.core import PerceptionCore
-from dynnet_ros.perception.frame_stats import FrameStats, StampGaps
+from dynnet_ros.perception.frame_stats import SILENT_S, CameraStats, FrameStats, StampGaps
 from dynnet_ros.perception.intrinsics import Intrinsics
 from dynnet_ros.perception.mailbox import Arrival, FrameWorker, Mailbox
 from dynnet_ros.perception.mapped import MappedSettings, tune
@@ -114,7 +120,7 @@ class ServingTask(Generic[CoreT]):
     name: str                                                            # lane, pedestrian, depth
     build: Callable[[str, dict[str, Any], float | None], CoreT]          # path, params, engine budget
     decode: Callable[[Any], Decoded]                                     # a payload -> pixels
-    serve: Callable[[FrameInfo, np.ndarray, CoreT], None]                # run the core, publish
+    serve: Callable[[list[FrameInfo], list[np.ndarray], CoreT], None]    # run the core on a batch, publish
     check: Callable[[dict[str, Any], dict[str, Any]], None] = _no_check  # ValueError: refused
     core_params: tuple[str, ...] = ()    # parameters besides ENGINE_PARAMS whose change loads a new core
     defaults: dict[str, Any] = field(default_factory=dict)              # parameter defaults (refusal hints)
@@ -136,15 +142,21 @@ class ServingCore:
 
     def __init__(self, task: ServingTask[Any], params: dict[str, Any], log: Log, *, name: str,
                  outcome: Callable[[Arrival, str], None], status_changed: Callable[[], None],
-                 alive: Callable[[], bool] = lambda: True) -> None:
+                 alive: Callable[[], bool] = lambda: True, sources: Sequence[str] | None = None) -> None:
         """``outcome(arrival, what)``: each frame's fate (processed, dropped, failed, skipped);
         ``status_changed``: publish the status now; ``alive``: whether the adapter can still
-        publish (False while it shuts down). Loads the model (inside its budget); ValueError
-        when it does not load."""
+        publish (False while it shuts down); ``sources``: the cameras' names (None: the one
+        ``CAMERA``, reported as the core's own counters only). Loads the model (inside its
+        budget); ValueError when it does not load."""
         self.task, self.params, self.log, self.name = task, dict(params), log, name
+        names = list(sources) if sources is not None else [CAMERA]
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"camera names must be distinct and at least one, got {names}")
+        self.sources: tuple[str, ...] = tuple(names)
+        self.per_camera = sources is not None
         self._outcome, self._status_changed, self._alive = outcome, status_changed, alive
         self.lock = threading.Lock()   # held while the worker runs a frame, and for every swap
-        self.split = BudgetSplit(task.costs, int(self.params["max_input_side"]), log.warning)
+        self.split = BudgetSplit(task.costs, int(self.params["max_input_side"]), log.warning, len(self.sources))
         self.baseline: ProcessMemory = process_memory()  # a budget bounds RSS growth from here
         # built inside its budget: an in-memory engine first would double the start-up peak
         self.core: PerceptionCore = self._load(self.params)
@@ -152,10 +164,14 @@ class ServingCore:
         CORES_IN_PROCESS.add(self)
         self.stats = FrameStats()
         self.gaps = StampGaps()  # frames the camera's stamps tell were lost before they reached the core
-        self.intrinsics = Intrinsics()
+        self.cameras = {source: CameraStats() for source in self.sources}
+        self.camera_errors: dict[str, str] = {}   # a camera's last frame failed: why
+        self.intrinsics = {source: Intrinsics() for source in self.sources}
         self.mailbox = Mailbox()
         self.worker = FrameWorker(self.mailbox, self._serve, lambda: float(self.params["max_rate_hz"]),
-                                  lambda exc: log.error("".join(traceback.format_exception(exc))), f"{name}-worker")
+                                  lambda exc: log.error("".join(traceback.format_exception(exc))), f"{name}-worker",
+                                  self._batching)
+        self.last_batch = 0   # frames in the last batch served
         self.last_error: str | None = None
         self.rejected: str | None = None   # the last change refused (the old core kept serving)
         self._last_input_shape: list[int] | None = None
@@ -186,48 +202,80 @@ class ServingCore:
 
     # ------------------------------------------------------------------ frames
     def offer(self, source: str, stamp_ns: int, frame_id: str, payload: Any) -> None:
-        """A frame arrived (any thread): it waits in its source's slot, replacing an older one."""
+        """A frame arrived (any thread): it waits in its source's slot, replacing an older one.
+        ValueError for a source the core was not made with."""
+        camera = self.cameras.get(source)
+        if camera is None:
+            raise ValueError(f"unknown camera {source!r}: this core serves {list(self.sources)}")
         self.gaps.observe(stamp_ns)
         self.stats.received += 1
+        camera.received(stamp_ns)
         replaced = self.mailbox.put(Arrival(source, stamp_ns, frame_id, payload))
         if replaced is not None:
             self.stats.dropped += 1
+            camera.frames.dropped += 1
             self._outcome(replaced, "dropped")
 
-    def _serve(self, arrival: Arrival) -> None:
-        """Run one frame. The payload is taken out of the arrival: the worker holds the only
-        reference, dropped once decoded (an rgb8 frame stays alive as the view the core reads)."""
+    def _batching(self) -> tuple[BatchPolicy, int]:
+        """The worker's batch policy and the largest batch now (1 with one camera)."""
+        policy = BatchPolicy.from_params(self.params)
+        return policy, policy.limit(len(self.sources), self.batch_capacity())
+
+    def batch_capacity(self) -> int:
+        """The most frames the core runs as one batch."""
+        return 1
+
+    def _serve(self, arrivals: list[Arrival]) -> None:
+        """Run one batch. Each payload is taken out of its arrival: the worker holds the only
+        reference, dropped once decoded (an rgb8 frame stays alive as the view the core reads).
+        A frame that does not decode fails alone; a batch the core fails on fails whole."""
         if not self.params["enabled"]:
-            arrival.payload = None
-            self._outcome(arrival, "skipped")
+            for arrival in arrivals:
+                arrival.payload = None
+                self._outcome(arrival, "skipped")
             return
         start = time.perf_counter()
-        payload, arrival.payload = arrival.payload, None
-        try:
-            decoded = self.task.decode(payload)
+        taken: list[Arrival] = []
+        frames: list[FrameInfo] = []
+        rgbs: list[np.ndarray] = []
+        messages: list[tuple[str, int]] = []
+        for arrival in arrivals:
+            payload, arrival.payload = arrival.payload, None
+            try:
+                decoded = self.task.decode(payload)
+            except Exception as exc:  # noqa: BLE001 - a bad message: ERROR status, the others are served
+                if not self._frame_failed([arrival], exc):
+                    return
+                continue
             del payload
             rgb = decoded.rgb
-            frame = FrameInfo(decoded.header, int(rgb.shape[1]), int(rgb.shape[0]), decoded.encoding,
-                              arrival.source, arrival.stamp_ns, arrival.frame_id)
-            letterbox = self.core.preprocess.plan(frame.height, frame.width)
-            # takes the split's lock: not under the frame lock
-            self.split.charge_frame(self.engine, lambda: self.params["memory_budget_mb"], decoded.message_bytes,
-                                    letterbox)
+            frames.append(FrameInfo(decoded.header, int(rgb.shape[1]), int(rgb.shape[0]), decoded.encoding,
+                                    arrival.source, arrival.stamp_ns, arrival.frame_id))
+            rgbs.append(rgb)
+            messages.append((arrival.source, decoded.message_bytes))
+            taken.append(arrival)
             del decoded
-            with self.lock:
-                self.task.serve(frame, rgb, self.core)
-        except Exception as exc:  # noqa: BLE001 - bad message or inference failure: ERROR status, keep serving
-            if not self._alive():  # shutting down: the outputs are gone, nothing to report
-                self.worker.stop()
-                return
-            self.stats.failed += 1
-            self._outcome(arrival, "failed")
-            self.report_error(f"bad frame: {exc}" if isinstance(exc, ValueError) else
-                              f"bad frame: {type(exc).__name__}: {exc}")
+        if not taken:
             return
-        self.stats.record((time.perf_counter() - start) * 1e3)
-        self._outcome(arrival, "processed")
-        self._last_input_shape = [1, 3, letterbox.pad_h, letterbox.pad_w]
+        try:
+            boxes = [self.core.preprocess.plan(frame.height, frame.width) for frame in frames]
+            # takes the split's lock: not under the frame lock
+            self.split.charge_frames(self.engine, lambda: self.params["memory_budget_mb"], messages, boxes)
+            with self.lock:
+                self.task.serve(frames, rgbs, self.core)
+        except Exception as exc:  # noqa: BLE001 - inference failure: ERROR status, keep serving
+            self._frame_failed(taken, exc)
+            return
+        done = time.monotonic()
+        elapsed_ms = (time.perf_counter() - start) * 1e3
+        for arrival in taken:
+            self.stats.record(elapsed_ms)
+            self.cameras[arrival.source].frames.record((done - arrival.arrived) * 1e3)
+            self.camera_errors.pop(arrival.source, None)
+            self._outcome(arrival, "processed")
+        self.last_batch = len(taken)
+        letterbox, frame = max(zip(boxes, frames), key=lambda pair: pair[0].pad_h * pair[0].pad_w)
+        self._last_input_shape = [min(len(taken), self.batch_capacity()), 3, letterbox.pad_h, letterbox.pad_w]
         self._last_camera = (frame.width, frame.height)
         size = size_key(letterbox.pad_h, letterbox.pad_w)
         if self.sizes is not None:
@@ -241,6 +289,21 @@ class ServingCore:
         if self.last_error is not None:
             self.last_error = None
             self._status_changed()
+
+    def _frame_failed(self, arrivals: list[Arrival], exc: Exception) -> bool:
+        """Count and report ``arrivals`` failed by ``exc``; False while shutting down (nothing
+        reported: the outputs are gone, and the worker stops)."""
+        if not self._alive():
+            self.worker.stop()
+            return False
+        reason = f"bad frame: {exc}" if isinstance(exc, ValueError) else f"bad frame: {type(exc).__name__}: {exc}"
+        for arrival in arrivals:
+            self.stats.failed += 1
+            self.cameras[arrival.source].frames.failed += 1
+            self.camera_errors[arrival.source] = reason
+            self._outcome(arrival, "failed")
+        self.report_error(reason)
+        return True
 
     def size_class(self) -> str | None:
         """The model-input size class the engine last ran ("HxW"; None before the first frame)."""
@@ -396,7 +459,8 @@ class ServingCore:
         elif not params["enabled"]:
             level, message = "ok", "disabled (enabled=false)"
         elif self.stats.processed == 0:
-            level, message = "warn", "waiting for /camera/image_raw"
+            level, message = "warn", ("waiting for /camera/image_raw" if not self.per_camera else
+                                      f"waiting for the cameras' frames ({', '.join(self.sources)})")
         else:
             level, message = "ok", "processing"
         shape, camera = self._last_input_shape, self._last_camera
@@ -428,6 +492,12 @@ class ServingCore:
             "enabled": params["enabled"],
             "last_error": self.last_error or "",
         }
+        if self.per_camera:
+            values["cameras"] = ",".join(self.sources)
+            values["batch_size_last"] = self.last_batch
+            values["batch_limit"] = self._batching()[1]
+            for source, counters in self.cameras.items():
+                values.update({f"camera.{source}.{key}": value for key, value in counters.values().items()})
         values.update(extra or {})
         values.update(self.mapped.diagnostics(params["mapping"]))
         values.update({f"engine.{k}": v for k, v in typed.as_dict().items()})
@@ -439,6 +509,23 @@ class ServingCore:
         values["engine.predicted_peak_mb"] = None if typed.window is None else \
             to_mb(typed.window.predicted_peak_bytes)
         return ServingStatus(level, message, values)
+
+    def camera_status(self, source: str) -> ServingStatus:
+        """One camera's own status: ERROR when its last frame failed, WARN while it sent nothing
+        (yet, or for ``SILENT_S``), else OK; values without the camera prefix, plus its name."""
+        camera = self.cameras[source]
+        silent = camera.silent_s()
+        if source in self.camera_errors:
+            level, message = "error", self.camera_errors[source]
+        elif silent is None:
+            level, message = "warn", "no frame yet"
+        elif silent > SILENT_S:
+            level, message = "warn", f"no frame for {silent:.1f} s"
+        elif camera.frames.processed == 0:
+            level, message = "warn", "waiting for its first result"
+        else:
+            level, message = "ok", "processing"
+        return ServingStatus(level, message, {"camera": source, **camera.values()})
 
     # ------------------------------------------------------------------ shutdown
     def stop(self) -> None:

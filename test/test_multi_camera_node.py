@@ -1,0 +1,135 @@
+"""One live lane node (real rclpy, its own process, the zoo's lane model) serving four cameras:
+every camera's masks come back on its own namespace with its own frame's header, each camera has
+its own diagnostic status, and a camera that stops publishing leaves the other three served."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import defaultdict
+
+import numpy as np
+import pytest
+from _lane_client import lane_node
+from _waiting import wait_for
+from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.parameter_client import AsyncParameterClient
+from rclpy.qos import qos_profile_sensor_data
+from rclpy.time import Time
+from sensor_msgs.msg import Image
+from std_msgs.msg import Header
+
+from dynnet_ros.nodes.background import BackgroundNode
+from dynnet_ros.nodes.convert import array_to_image
+from dynnet_ros.nodes.diagnostics import level_value, status_values
+
+NS = f"/multicam_{os.getpid()}"
+CAMERAS = ("front", "left", "right", "rear")
+pytestmark = [pytest.mark.timeout(300), pytest.mark.graph]
+
+
+class Cameras:
+    """Four camera publishers (each stamps its frames in a range of its own) and the masks and
+    diagnostics that come back."""
+
+    def __init__(self) -> None:
+        self.ros = BackgroundNode("multi_camera_test")
+        node = self.ros.node
+        self.lock = threading.Lock()
+        self.masks: dict[str, list[Image]] = defaultdict(list)   # by the namespace they came on
+        self.statuses: list[tuple[float, str, int, str, dict]] = []   # (time, name, level, message, values)
+        self.pubs = {cam: node.create_publisher(Image, f"{NS}/{cam}/image_raw", qos_profile_sensor_data)
+                     for cam in CAMERAS}
+        for cam in CAMERAS:
+            node.create_subscription(Image, f"{NS}/{cam}/lane/mask",
+                                     lambda msg, cam=cam: self._on_mask(cam, msg), 10)
+        node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 50)
+        self.params = AsyncParameterClient(node, NS + "/lane_node")
+        rng = np.random.default_rng(0)
+        self.rgb = {cam: rng.integers(0, 255, (96, 128, 3), dtype=np.uint8) for cam in CAMERAS}
+        self.sent: dict[str, set[int]] = defaultdict(set)   # stamps (s) each camera published
+        self.count = 0
+
+    def started(self) -> Cameras:
+        self.ros.start()
+        return self
+
+    def _on_mask(self, cam: str, msg: Image) -> None:
+        with self.lock:
+            self.masks[cam].append(msg)
+
+    def _on_diag(self, msg: DiagnosticArray) -> None:
+        for status in msg.status:
+            if status.hardware_id.startswith(NS + "/"):
+                with self.lock:
+                    self.statuses.append((time.monotonic(), status.name, level_value(status.level), status.message,
+                                          status_values(status)))
+
+    def publish(self, cameras: tuple[str, ...]) -> None:
+        """One frame from each of ``cameras``: stamp 1000 * (index + 1) + count, frame_id ``<cam>_optical``."""
+        self.count += 1
+        for cam in cameras:
+            stamp = 1000 * (CAMERAS.index(cam) + 1) + self.count
+            self.sent[cam].add(stamp)
+            header = Header(stamp=Time(seconds=stamp).to_msg(), frame_id=f"{cam}_optical")
+            self.pubs[cam].publish(array_to_image(self.rgb[cam], "rgb8", header))
+
+    def answered(self, cam: str, after: int = 0) -> int:
+        """Masks of ``cam`` for frames counted after ``after``."""
+        with self.lock:
+            return sum(1 for m in self.masks[cam] if m.header.stamp.sec % 1000 > after)
+
+    def status(self, t0: float, name: str, predicate) -> tuple[int, str, dict] | None:
+        with self.lock:
+            return next(((level, message, values) for t, n, level, message, values in self.statuses
+                         if t >= t0 and n == name and predicate(level, message, values)), None)
+
+
+@pytest.fixture(scope="module")
+def cameras(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("multi_camera")
+    params = {"threads": 1, "max_input_side": 0, "cameras": list(CAMERAS), "batch_window_ms": 20.0}
+    with lane_node(tmp, NS, params, lambda: Cameras().started()) as client:
+        yield client
+
+
+def _publish_until(client: Cameras, cams: tuple[str, ...], done, what: str) -> None:
+    def step():
+        client.publish(cams)
+        return done()
+    wait_for(step, 120, what, interval=0.1)
+
+
+def test_every_camera_is_answered_on_its_own_namespace_with_its_own_header(cameras):
+    client: Cameras = cameras
+    _publish_until(client, CAMERAS, lambda: all(client.answered(cam) for cam in CAMERAS), "a mask from every camera")
+    with client.lock:
+        masks = {cam: list(client.masks[cam]) for cam in CAMERAS}
+    for cam, received in masks.items():
+        assert all(m.header.frame_id == f"{cam}_optical" for m in received), cam
+        assert all(m.header.stamp.sec in client.sent[cam] for m in received), cam   # its own frames' stamps
+        assert all((m.width, m.height) == (128, 96) for m in received)
+    t0 = time.monotonic()
+    node_status = wait_for(lambda: client.status(t0, "lane_node: lane model",
+                                                 lambda lv, msg, v: v.get("camera.rear.processed", 0) > 0),
+                           30, "the node's status counting every camera")
+    values = node_status[2]
+    assert values["cameras"] == ",".join(CAMERAS) and values["batch_limit"] >= 1
+    assert all(values[f"camera.{cam}.received"] >= values[f"camera.{cam}.processed"] > 0 for cam in CAMERAS)
+    front = wait_for(lambda: client.status(t0, "lane_node: lane camera front", lambda lv, msg, v: lv == 0), 30,
+                     "the front camera's own status")
+    assert front[2]["camera"] == "front" and front[2]["processed"] > 0 and front[2]["topic"] == "front/image_raw"
+
+
+def test_a_camera_that_stops_leaves_the_others_served(cameras):
+    client: Cameras = cameras
+    stopped_at = client.count
+    t0 = time.monotonic()
+    live = CAMERAS[:3]
+    _publish_until(client, live, lambda: all(client.answered(cam, stopped_at) >= 3 for cam in live),
+                   "three masks from each camera still publishing")
+    assert client.answered("rear", stopped_at) == 0   # nothing published, nothing answered
+    rear = wait_for(lambda: client.status(t0, "lane_node: lane camera rear",
+                                          lambda lv, msg, v: msg.startswith("no frame for")), 30,
+                    "the silent camera's warning")
+    assert rear[0] == 1   # WARN
