@@ -271,6 +271,10 @@ def test_every_executable_declares_its_parameters_and_the_default_config_passes(
     ("depth_node", {"qos_overrides": {"/lidar/points": {"subscription": {"deadline": 1}}}}, "not a policy"),
     ("budget_manager", {"qos_overrides": {"/diagnostics": {"subscription": {"depth": 1}}}},
      "declares no such parameter"),
+    ("lane_node", {"cameras": ["front", "/front/image_color"]}, "front named twice"),
+    ("pedestrian_node", {"cameras": ["image_raw"]}, "needs the camera's namespace"),
+    ("depth_node", {"front.lidar_to_camera": [0.0, 1.0], "cameras": ["front"]}, "lidar_to_camera"),
+    ("depth_node", {"rear.lidar_to_camera": [0.0] * 6, "cameras": ["front"]}, "declares no such parameter"),
 ])
 def test_config_parameters_are_checked_against_the_declarations(node, parameters, reason):
     graph = parse_graph(_default_with(node, **parameters), "vehicle-test.yaml")
@@ -284,6 +288,13 @@ def test_config_parameters_are_checked_against_the_declarations(node, parameters
 
 def test_ros_parameters_every_node_takes_are_accepted():
     graph = parse_graph(_default_with("lane_node", use_sim_time=True), "g.yaml")
+    assert parameter_problems(graph) == []
+
+
+def test_per_camera_parameters_are_accepted_for_the_cameras_named():
+    graph = parse_graph(_default_with("depth_node", cameras=["front", "/cams/left/image_color"],
+                                      **{"front.lidar_to_camera": [0.0] * 6, "cams_left.lidar_to_camera": [0.0] * 6}),
+                        "g.yaml")
     assert parameter_problems(graph) == []
 
 

@@ -87,9 +87,9 @@ class PedestrianNode(ModelNode[Detector]):
         detections = None
         if HAVE_VISION_MSGS:
             detections = self.create_publisher(Detection2DArray, camera.output("pedestrian/detections"), OUTPUT_QOS)
-        else:
-            self.get_logger().warning(f"vision_msgs is not importable: {camera.output('pedestrian/detections')} is "
-                                      f"not published (markers on {camera.output('pedestrian/markers')} still are)")
+        elif camera == self.cameras[0]:   # said once, for every camera
+            self.get_logger().warning("vision_msgs is not importable: /pedestrian/detections is not published "
+                                      "(markers on /pedestrian/markers still are)")
         return PedestrianOutputs(self.create_publisher(MarkerArray, camera.output("pedestrian/markers"), OUTPUT_QOS),
                                  detections)
 
