@@ -89,7 +89,8 @@ def pixel_map(path: Path, weights: np.ndarray, bias: np.ndarray, *, input_name: 
         last = "squeezed"
     h = "H" if stride == 1 else "Hs"
     w = "W" if stride == 1 else "Ws"
-    dims: list[int | str] = [1, h, w] if squeeze else [1, c_out, h, w]
+    batch = input_dims[0]  # the output keeps the input's batch axis (a symbol: the model batches)
+    dims: list[int | str] = [batch, h, w] if squeeze else [batch, c_out, h, w]
     outputs = []
     for name in extra_outputs:  # the map negated: decoding the wrong output shows
         nodes.append(helper.make_node("Neg", [last], [name]))
@@ -98,3 +99,37 @@ def pixel_map(path: Path, weights: np.ndarray, bias: np.ndarray, *, input_name: 
     outputs.append(helper.make_tensor_value_info(output_name, TensorProto.FLOAT, dims))
     inputs = [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, list(input_dims))]
     return _save(nodes, inputs, outputs, inits, path, metadata)
+
+
+def batched_end2end(path: Path, boxes: np.ndarray) -> str:
+    """An end-to-end detector over a symbolic batch: images [B, 3, H, W] -> [B, N, 6] rows
+    x1, y1, x2, y2, score, class with the given ``boxes`` (N, 4; input pixels, class 0) in every
+    frame, each scored by its own frame's brightest value (so a test sees which frame a row is from)."""
+    n = len(boxes)
+    base = np.zeros((1, n, 6), np.float32)
+    base[0, :, :4] = boxes
+    score_column = np.zeros((1, 1, 6), np.float32)
+    score_column[0, 0, 4] = 1.0
+    inits = [numpy_helper.from_array(base, "base"), numpy_helper.from_array(score_column, "score_column"),
+             numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+             numpy_helper.from_array(np.array([2], np.int64), "axis2")]
+    nodes = [helper.make_node("ReduceMax", ["images"], ["brightest"], axes=[1, 2, 3], keepdims=0),
+             helper.make_node("Unsqueeze", ["brightest", "axis1"], ["per_frame"]),
+             helper.make_node("Unsqueeze", ["per_frame", "axis2"], ["per_frame_row"]),
+             helper.make_node("Mul", ["per_frame_row", "score_column"], ["scores"]),
+             helper.make_node("Add", ["base", "scores"], ["output0"])]
+    inputs = [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["B", 3, "H", "W"])]
+    outputs = [helper.make_tensor_value_info("output0", TensorProto.FLOAT, ["B", n, 6])]
+    return _save(nodes, inputs, outputs, inits, path, {"end2end": "True", "names": "{0: 'thing'}"})
+
+
+def batch_fixed_inside(path: Path) -> str:
+    """A model that names its batch axis but fixes it inside: image [B, 3, H, W] -> a 1x1 conv ->
+    Reshape to [1, 1, -1], declared as [B, 1, K] (the declaration alone would promise batching)."""
+    inits = [numpy_helper.from_array(np.ones((1, 3, 1, 1), np.float32), "w"),
+             numpy_helper.from_array(np.array([1, 1, -1], np.int64), "flat")]
+    nodes = [helper.make_node("Conv", ["image", "w"], ["conv"]),
+             helper.make_node("Reshape", ["conv", "flat"], ["out"])]
+    inputs = [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["B", 3, "H", "W"])]
+    outputs = [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["B", 1, "K"])]
+    return _save(nodes, inputs, outputs, inits, path)

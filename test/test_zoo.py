@@ -20,6 +20,9 @@ pytestmark = pytest.mark.graph
 # (H, W) sizes, all multiples of 32: QVGA padded to 256x320, VGA, 720p padded to 736x1280
 SIZES = [(256, 320), (480, 640), (736, 1280)]
 
+#: models with a symbolic batch axis B (one run serves several cameras) -> their batch dim
+BATCHED = {"lane": "B", "depth": "B"}
+
 # Documented ranges (docs/zoo.md) at 640x480: params and GFLOPs (2 x MACs of Conv/Gemm/MatMul).
 RANGES = {
     "lane": {"params": (1.5e6, 3e6), "gflops": (3.0, 6.0)},
@@ -73,8 +76,23 @@ def test_contract_names_and_inputs(models):
         image = m.graph.input[0].type.tensor_type
         assert image.elem_type == onnx.TensorProto.FLOAT
         dims = [d.dim_value or d.dim_param for d in image.shape.dim]
-        assert dims == [1, 3, "H", "W"], name
+        assert dims == [BATCHED.get(name, 1), 3, "H", "W"], name
+        for out in m.graph.output:  # batching models keep the batch axis on every output
+            if name in BATCHED:
+                assert out.type.tensor_type.shape.dim[0].dim_param == "B", (name, out.name)
         assert m.opset_import[0].version == 17
+
+
+@pytest.mark.parametrize("name", sorted(BATCHED))
+def test_a_batch_gives_each_frame_its_own_result(sessions, name):
+    """Nothing in a batching model mixes frames: a batch of two equals two runs of one."""
+    rng = np.random.default_rng(11)
+    first, second = _feed(name, 96, 128, rng), _feed(name, 96, 128, rng)
+    both = {key: np.concatenate([first[key], second[key]]) for key in first}
+    batched = sessions[name].run(None, both)
+    for i, feed in enumerate((first, second)):
+        for value, alone in zip(batched, sessions[name].run(None, feed)):
+            np.testing.assert_allclose(value[i: i + 1], alone, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)

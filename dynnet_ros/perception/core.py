@@ -7,20 +7,24 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Generic
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import cached_property
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from dynnet_ros.engine.engine import Engine
+from dynnet_ros.perception.batch_capacity import batch_capacity
 from dynnet_ros.perception.formats.base import F, choose
 from dynnet_ros.perception.labels import names_from_metadata, read_labels_file
 from dynnet_ros.perception.letterbox import Letterbox
 from dynnet_ros.perception.model_info import ModelInfo, read_model_info
-from dynnet_ros.perception.preprocess import Preprocess, PreprocessOptions, build_preprocess
+from dynnet_ros.perception.preprocess import Preprocess, PreprocessOptions, build_preprocess, check_frame
 
 #: camera size the engine's budgets refer to until the first frame (the package's reference camera)
 REFERENCE_FRAME = (480, 640)
+
+T = TypeVar("T")
 
 
 class PerceptionCore(Generic[F]):
@@ -47,6 +51,8 @@ class PerceptionCore(Generic[F]):
         self.model_path = self.info.path
         self._lock = threading.Lock()
         self._buffer: np.ndarray | None = None
+        #: the float32 batch tensor kept between batches; a batch of n frames uses its first n rows
+        self._batch_buffer: np.ndarray | None = None
         self.engine = Engine(self.model_path, backend=backend, threads=threads, memory_budget_mb=memory_budget_mb,
                              swappable=swappable, input_shapes=self.input_shapes(*REFERENCE_FRAME))
         #: what runs frames instead of ``engine.run`` when set (a node's mapped stages, dynnet_ros.mapper)
@@ -60,27 +66,66 @@ class PerceptionCore(Generic[F]):
     def format_reason(self) -> str:
         return self.choice.reason
 
-    def input_shapes(self, height: int, width: int) -> dict[str, tuple[int, ...]]:
-        """Shapes of the inputs for a ``height x width`` frame (budgets per size class): the
-        image-sized ones, and the fixed-shape others (the zoo detector's thresholds), so the
-        engine's footprint measured ahead is keyed by the same shapes as its frames' runs."""
+    @cached_property
+    def max_batch(self) -> int:
+        """The most frames one engine run takes: 1 unless the image input's batch axis is
+        symbolic and every output leads with it (``batch_capacity``; decided on first use)."""
+        return batch_capacity(self.info, self.format.image_input(self.info), self.preprocess.layout)
+
+    def input_shapes(self, height: int, width: int, batch: int = 1) -> dict[str, tuple[int, ...]]:
+        """Shapes of the inputs for ``batch`` frames of ``height x width`` (budgets per size class
+        and batch size): the image-sized ones, and the fixed-shape others (the zoo detector's
+        thresholds), so the engine's footprint measured ahead is keyed by the same shapes as its
+        frames' runs. ValueError for a batch above ``max_batch``."""
+        batch = check_positive_int(batch, "batch")
+        if batch > 1 and batch > self.max_batch:
+            raise ValueError(f"{self.info.path} takes at most {self.max_batch} frame(s) per run, not {batch}")
         box = self.preprocess.plan(height, width)
         shapes: dict[str, tuple[int, ...]] = {}
         for spec in self.info.inputs:
             if spec.name == self.preprocess.input_name:
-                shapes[spec.name] = self.preprocess.tensor_shape(box)
+                shapes[spec.name] = self.preprocess.tensor_shape(box, batch)
             elif spec.rank == 4:  # a companion plane at the image's size (the zoo depth model's LiDAR channel)
                 channels = spec.dims[1] if isinstance(spec.dims[1], int) else 1
-                shapes[spec.name] = (1, channels, box.pad_h, box.pad_w)
+                shapes[spec.name] = (batch, channels, box.pad_h, box.pad_w)
             elif all(isinstance(d, int) for d in spec.dims):
                 shapes[spec.name] = tuple(d for d in spec.dims if isinstance(d, int))
         return shapes
+
+    def min_budget_mb_at(self, height: int, width: int, batch: int = 1) -> float:
+        """The engine's minimum budget (``Engine.min_budget_mb``) for batches of ``batch`` frames
+        of ``height x width``: what a node announces before forming batches that large."""
+        return self.engine.min_budget_mb(self.input_shapes(height, width, batch))
 
     def _prepare(self, frame: np.ndarray) -> tuple[np.ndarray, Letterbox]:
         tensor, box = self.preprocess(frame, self._buffer)
         if tensor.dtype == np.float32:
             self._buffer = tensor
         return tensor, box
+
+    def _prepare_batch(self, frames: Sequence[np.ndarray]) -> tuple[np.ndarray, list[Letterbox]]:
+        """One input tensor for ``frames``: each letterboxed as it would be alone, then padded to
+        the largest padded size among them, so every frame keeps its own scale."""
+        for frame in frames:
+            check_frame(frame)
+        alone = [self.preprocess.plan(frame.shape[0], frame.shape[1]) for frame in frames]
+        pad_h, pad_w = max(box.pad_h for box in alone), max(box.pad_w for box in alone)
+        boxes = [box.padded_to(pad_h, pad_w, self.preprocess.center) for box in alone]
+        shape = self.preprocess.tensor_shape(boxes[0], len(frames))
+        kept = self._batch_buffer
+        if kept is None or kept.shape[1:] != shape[1:] or kept.shape[0] < shape[0]:
+            kept = self._batch_buffer = np.empty(shape, dtype=np.float32)
+        tensor = kept[: len(frames)]
+        for i, (frame, box) in enumerate(zip(frames, boxes)):
+            self.preprocess.fill(frame, box, tensor[i: i + 1])
+        return self.preprocess.cast(tensor), boxes
+
+    def _chunks(self, items: Sequence[T]) -> Iterator[Sequence[T]]:
+        """``items`` in runs the engine takes at once: ``max_batch`` at a time, one at a time
+        while mapped stages run the frames (their early exits decide per frame)."""
+        size = 1 if self.runner is not None else self.max_batch
+        for start in range(0, len(items), size):
+            yield items[start: start + size]
 
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         runner = self.runner
@@ -100,6 +145,20 @@ class PerceptionCore(Generic[F]):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def check_frames(frames: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """A batch's frames as a list (ValueError for anything but a list or tuple of frames)."""
+    if not isinstance(frames, (list, tuple)):
+        raise ValueError(f"a batch must be a list of frames, got {type(frames).__name__}")
+    for frame in frames:
+        check_frame(frame)
+    return list(frames)
+
+
+def frame_of(outputs: Mapping[str, np.ndarray], index: int) -> dict[str, np.ndarray]:
+    """Frame ``index``'s outputs of a batched run, each with a batch axis of 1 (as a one-frame run gives)."""
+    return {name: value[index: index + 1] for name, value in outputs.items()}
 
 
 def check_unit_interval(value: float, what: str) -> float:

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from dynnet_ros.perception.core import PerceptionCore, check_positive_int
+from dynnet_ros.perception.core import PerceptionCore, check_frames, check_positive_int
 from dynnet_ros.perception.depth_fit import robust_affine_fit
 from dynnet_ros.perception.formats.depth import DEPTH_FORMATS, LIDAR_INPUT, DepthFormat
 from dynnet_ros.perception.letterbox import Letterbox
@@ -20,6 +20,22 @@ def _positive(value: float, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not 0 < float(value) < np.inf:
         raise ValueError(f"{what} must be a finite positive number, got {value!r}")
     return float(value)
+
+
+def _checked_lidar(lidar_points: np.ndarray | None,
+                   camera_matrix: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray | None]:
+    if (lidar_points is None) != (camera_matrix is None):
+        raise ValueError("lidar_points and camera_matrix go together: the points are projected with the "
+                         "camera matrix")
+    k = None if camera_matrix is None else validate_intrinsics(camera_matrix)
+    points = None if lidar_points is None else check_points(lidar_points)
+    return points, k
+
+
+def _pair(item: object) -> tuple[np.ndarray | None, np.ndarray | None]:
+    if not isinstance(item, (list, tuple)) or len(item) != 2:
+        raise ValueError(f"a frame's LiDAR must be (lidar_points, camera_matrix) or None, got {item!r:.80}")
+    return item[0], item[1]
 
 
 class DepthEstimator(PerceptionCore[DepthFormat]):
@@ -61,18 +77,54 @@ class DepthEstimator(PerceptionCore[DepthFormat]):
 
     def __call__(self, frame: np.ndarray, lidar_points: np.ndarray | None = None,
                  camera_matrix: np.ndarray | None = None) -> Depth:
-        if (lidar_points is None) != (camera_matrix is None):
-            raise ValueError("lidar_points and camera_matrix go together: the points are projected with the "
-                             "camera matrix")
-        k = None if camera_matrix is None else validate_intrinsics(camera_matrix)
-        points = None if lidar_points is None else check_points(lidar_points)
+        points, k = _checked_lidar(lidar_points, camera_matrix)
         with self._lock:
             tensor, box = self._prepare(frame)
             feeds = {self.preprocess.input_name: tensor}
             in_view = 0
             if self.format.lidar_input:
-                feeds[LIDAR_INPUT], in_view = self._lidar_channel(points, k, box)
+                feeds[LIDAR_INPUT] = np.zeros((1, 1, box.pad_h, box.pad_w), dtype=np.float32)
+                in_view = self._fill_lidar(feeds[LIDAR_INPUT][0, 0], points, k, box)
             value = self._run(feeds)[self.output_name]
+        return self._finish(value, box, points, k, in_view)
+
+    def batch(self, frames: Sequence[np.ndarray],
+              lidars: Sequence[tuple[np.ndarray, np.ndarray] | None] | None = None) -> list[Depth]:
+        """``self(frame, points, camera_matrix)`` for each frame, in one engine run per
+        ``max_batch`` frames. ``lidars``: per frame, ``(lidar_points, camera_matrix)`` or None
+        (no LiDAR for that frame); None = none for any. Frames of different sizes share the
+        largest padded input size; maps come back at each frame's size. A relative model's
+        LiDAR fit is held from frame to frame in the batch's order, as one-by-one calls hold it."""
+        frames = check_frames(frames)
+        if lidars is None:
+            lidars = [None] * len(frames)
+        if not isinstance(lidars, (list, tuple)) or len(lidars) != len(frames):
+            raise ValueError(f"lidars must be a list with one (points, camera_matrix) or None per frame "
+                             f"({len(frames)}), got {lidars!r:.80}")
+        checked = [(None, None) if item is None else _checked_lidar(*_pair(item)) for item in lidars]
+        out: list[Depth] = []
+        for chunk in self._chunks(range(len(frames))):
+            if len(chunk) == 1:
+                i = chunk[0]
+                points, k = checked[i]
+                out.append(self(frames[i], points, k))
+                continue
+            with self._lock:
+                tensor, boxes = self._prepare_batch([frames[i] for i in chunk])
+                feeds = {self.preprocess.input_name: tensor}
+                seen = [0] * len(chunk)
+                if self.format.lidar_input:
+                    lidar = np.zeros((len(chunk), 1, boxes[0].pad_h, boxes[0].pad_w), dtype=np.float32)
+                    seen = [self._fill_lidar(lidar[row, 0], *checked[i], boxes[row]) for row, i in enumerate(chunk)]
+                    feeds[LIDAR_INPUT] = lidar
+                value = self._run(feeds)[self.output_name]
+            out.extend(self._finish(value[row: row + 1], boxes[row], *checked[i], seen[row])
+                       for row, i in enumerate(chunk))
+        return out
+
+    def _finish(self, value: np.ndarray, box: Letterbox, points: np.ndarray | None, k: np.ndarray | None,
+                in_view: int) -> Depth:
+        """One frame's output (batch axis 1) as metres in the frame's pixels."""
         plane = np.asarray(value, dtype=np.float32)
         if plane.size != plane.shape[-1] * plane.shape[-2]:
             raise ValueError(f"depth output {self.output_name} has shape {list(plane.shape)}, expected one map")
@@ -83,20 +135,20 @@ class DepthEstimator(PerceptionCore[DepthFormat]):
             np.nan_to_num(metres, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
             np.clip(metres, 0.0, self.max_depth_m, out=metres)
             if not self.format.lidar_input and points is not None and k is not None:
-                in_view = len(project_points(points, k, frame.shape[0], frame.shape[1])[0])
+                in_view = len(project_points(points, k, box.src_h, box.src_w)[0])
             return Depth(metres, None, in_view)
         return self._metric_from_relative(source, points, k)
 
-    def _lidar_channel(self, points: np.ndarray | None, k: np.ndarray | None,
-                       box: Letterbox) -> tuple[np.ndarray, int]:
-        """The projected LiDAR at the model input's size (0 = no return, also in the padding)."""
-        channel = np.zeros((1, 1, box.pad_h, box.pad_w), dtype=np.float32)
+    def _fill_lidar(self, plane: np.ndarray, points: np.ndarray | None, k: np.ndarray | None,
+                    box: Letterbox) -> int:
+        """Write the projected LiDAR into ``plane`` (the model input's HxW LiDAR channel, zeros:
+        no return, also in the padding); returns how many of its pixels got a return."""
         if points is None or k is None:
-            return channel, 0
+            return 0
         sparse = project_depth(points, box.scale_intrinsics(k), box.pad_h, box.pad_w)
-        inner = channel[0, 0, box.top: box.top + box.new_h, box.left: box.left + box.new_w]
+        inner = plane[box.top: box.top + box.new_h, box.left: box.left + box.new_w]
         inner[...] = sparse[box.top: box.top + box.new_h, box.left: box.left + box.new_w]
-        return channel, int(np.count_nonzero(inner))
+        return int(np.count_nonzero(inner))
 
     def _metric_from_relative(self, relative: np.ndarray, points: np.ndarray | None,
                               k: np.ndarray | None) -> Depth:

@@ -6,9 +6,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dynnet_ros.perception.core import PerceptionCore, as_sequence, check_positive_int, check_unit_interval
+from dynnet_ros.perception.core import (
+    PerceptionCore,
+    as_sequence,
+    check_frames,
+    check_positive_int,
+    check_unit_interval,
+    frame_of,
+)
 from dynnet_ros.perception.formats.detection import DETECTION_FORMATS, ZOO_NAMES, DetectionFormat, RawDetections
 from dynnet_ros.perception.labels import class_name, resolve_classes
+from dynnet_ros.perception.letterbox import Letterbox
 from dynnet_ros.perception.nms import nms
 from dynnet_ros.perception.preprocess import PreprocessOptions
 from dynnet_ros.perception.results import Detections
@@ -61,10 +69,29 @@ class Detector(PerceptionCore[DetectionFormat]):
     def __call__(self, frame: np.ndarray) -> Detections:
         with self._lock:
             tensor, box = self._prepare(frame)
-            feeds = {self.preprocess.input_name: tensor,
-                     **self.format.extra_feeds(self.score_threshold, self.nms_iou,
-                                               self.max_detections)}
-            raw: RawDetections = self.format.decode(self._run(feeds), box)
+            raw: RawDetections = self.format.decode(self._run(self._feeds(tensor)), box)
+        return self._finish(raw, box)
+
+    def batch(self, frames: Sequence[np.ndarray]) -> list[Detections]:
+        """``self(frame)`` for each frame, in one engine run per ``max_batch`` frames; frames of
+        different sizes share the largest padded input size, boxes come back in each frame's pixels."""
+        out: list[Detections] = []
+        for chunk in self._chunks(check_frames(frames)):
+            if len(chunk) == 1:
+                out.append(self(chunk[0]))
+                continue
+            with self._lock:
+                tensor, boxes = self._prepare_batch(chunk)
+                outputs = self._run(self._feeds(tensor))
+                raws = [self.format.decode(frame_of(outputs, i), box) for i, box in enumerate(boxes)]
+            out.extend(self._finish(raw, box) for raw, box in zip(raws, boxes))
+        return out
+
+    def _feeds(self, tensor: np.ndarray) -> dict[str, np.ndarray]:
+        return {self.preprocess.input_name: tensor,
+                **self.format.extra_feeds(self.score_threshold, self.nms_iou, self.max_detections)}
+
+    def _finish(self, raw: RawDetections, box: Letterbox) -> Detections:
         keep = self.select(raw)
         boxes = box.boxes_to_source(raw.boxes[keep])
         ids = raw.class_ids[keep]

@@ -147,6 +147,18 @@ class Letterbox:
         rows, cols = self.content(*label_map.shape)
         return resize_nearest(label_map[rows, cols], self.src_h, self.src_w)
 
+    def padded_to(self, pad_h: int, pad_w: int, center: bool) -> Letterbox:
+        """The same scaled frame in a larger ``pad_h x pad_w`` input (a batch's shared size):
+        the extra padding is split as ``plan_letterbox`` splits it (``center``), else goes to the
+        bottom/right, so the frame's pixels keep their scale."""
+        if pad_h < self.pad_h or pad_w < self.pad_w:
+            raise ValueError(f"a {self.pad_h}x{self.pad_w} input cannot be padded to {pad_h}x{pad_w}")
+        top, left = self.top, self.left
+        if center:
+            top = int(round((pad_h - self.new_h) / 2 - 0.1))
+            left = int(round((pad_w - self.new_w) / 2 - 0.1))
+        return Letterbox(self.src_h, self.src_w, self.new_h, self.new_w, top, left, pad_h, pad_w)
+
     def scale_intrinsics(self, k: np.ndarray) -> np.ndarray:
         """Camera matrix of the model input (scaled frame plus its offset), half-pixel centres."""
         k = np.array(k, dtype=np.float64).reshape(3, 3)

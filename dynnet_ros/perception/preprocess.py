@@ -91,14 +91,20 @@ class Preprocess:
                 f"{'' if self.fixed else f' (multiple of {self.multiple})'}, "
                 f"{'stretch' if self.stretch else 'letterbox'}, scale {self.scale:g}{norm}")
 
-    def tensor_shape(self, box: Letterbox) -> tuple[int, ...]:
+    def tensor_shape(self, box: Letterbox, batch: int = 1) -> tuple[int, ...]:
+        """The input tensor's shape for ``batch`` frames placed as ``box`` (CHW inputs: batch 1)."""
         rank, channel_axis, h_axis, w_axis = LAYOUTS[self.layout]
+        if rank == 3 and batch != 1:
+            raise ValueError(f"input {self.input_name} is unbatched ({self.layout}): one frame per run, "
+                             f"not {batch}")
         shape = [1] * rank
         shape[channel_axis], shape[h_axis], shape[w_axis] = 3, box.pad_h, box.pad_w
+        if rank == 4:
+            shape[0] = batch
         return tuple(shape)
 
     def _plane(self, out: np.ndarray, channel: int) -> np.ndarray:
-        """The HxW view of one channel in a tensor of this layout."""
+        """The HxW view of one channel in a one-frame tensor of this layout."""
         if self.layout == "NCHW":
             return out[0, channel]
         if self.layout == "NHWC":
@@ -122,6 +128,12 @@ class Preprocess:
         shape = self.tensor_shape(box)
         if out is None or out.shape != shape or out.dtype != np.float32:
             out = np.empty(shape, dtype=np.float32)
+        self.fill(frame, box, out)
+        return self.cast(out), box
+
+    def fill(self, frame: np.ndarray, box: Letterbox, out: np.ndarray) -> None:
+        """Write ``frame`` placed as ``box`` into ``out``, a float32 one-frame tensor of this layout
+        (for a batch: its ``[i:i + 1]`` slice), padding included."""
         divisor, offset = self._affine()
         sources = (0, 1, 2) if self.channel_order == "RGB" else (2, 1, 0)
         for c, src_c in enumerate(sources):
@@ -138,11 +150,14 @@ class Preprocess:
             plane[box.top + box.new_h:] = fill
             plane[box.top: box.top + box.new_h, : box.left] = fill
             plane[box.top: box.top + box.new_h, box.left + box.new_w:] = fill
+
+    def cast(self, tensor: np.ndarray) -> np.ndarray:
+        """A filled float32 tensor in the input's element type (itself when that is float32)."""
         if self.dtype == np.uint8:
-            return np.clip(np.rint(out), 0, 255).astype(np.uint8), box
+            return np.clip(np.rint(tensor), 0, 255).astype(np.uint8)
         if self.dtype != np.float32:
-            return out.astype(self.dtype), box
-        return out, box
+            return tensor.astype(self.dtype)
+        return tensor
 
 
 def check_frame(frame: np.ndarray) -> None:

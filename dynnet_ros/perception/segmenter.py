@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dynnet_ros.perception.core import PerceptionCore, as_sequence, check_unit_interval
+from dynnet_ros.perception.core import PerceptionCore, as_sequence, check_frames, check_unit_interval
 from dynnet_ros.perception.formats.base import unbatch
 from dynnet_ros.perception.formats.segmentation import (
     SegmentationFormat,
@@ -16,6 +16,7 @@ from dynnet_ros.perception.formats.segmentation import (
     to_probability,
 )
 from dynnet_ros.perception.labels import resolve_classes
+from dynnet_ros.perception.letterbox import Letterbox
 from dynnet_ros.perception.preprocess import PreprocessOptions
 from dynnet_ros.perception.results import Segmentation
 
@@ -73,6 +74,24 @@ class Segmenter(PerceptionCore[SegmentationFormat]):
         with self._lock:
             tensor, box = self._prepare(frame)
             value = self._run({self.preprocess.input_name: tensor})[self.output_name]
+        return self._finish(value, box)
+
+    def batch(self, frames: Sequence[np.ndarray]) -> list[Segmentation]:
+        """``self(frame)`` for each frame, in one engine run per ``max_batch`` frames; frames of
+        different sizes share the largest padded input size, maps come back at each frame's size."""
+        out: list[Segmentation] = []
+        for chunk in self._chunks(check_frames(frames)):
+            if len(chunk) == 1:
+                out.append(self(chunk[0]))
+                continue
+            with self._lock:
+                tensor, boxes = self._prepare_batch(chunk)
+                value = self._run({self.preprocess.input_name: tensor})[self.output_name]
+            out.extend(self._finish(value[i: i + 1], box) for i, box in enumerate(boxes))
+        return out
+
+    def _finish(self, value: np.ndarray, box: Letterbox) -> Segmentation:
+        """One frame's output (batch axis 1) as a Segmentation in the frame's pixels."""
         if self.format.multiclass:
             logits = unbatch(value, 3, f"output {self.output_name}").astype(np.float32, copy=False)
             probs = softmax(logits, axis=0)

@@ -23,7 +23,7 @@ import numpy as np
 
 from dynnet_ros.engine.modelio.onnx_proto import ModelProto, TensorProto
 
-from .graph import FLOAT, GraphBuilder, image_input
+from .graph import BATCH, FLOAT, GraphBuilder, image_input
 
 SEED = 303
 ENC = (32, 64, 128, 256, 512)          # /2 /4 /8 /16 /32
@@ -67,8 +67,8 @@ def _sparse_fusion(g: GraphBuilder, lidar: str, net_depth: str) -> tuple[str, st
 
 def build() -> ModelProto:
     g = GraphBuilder("depth", SEED)
-    img = image_input(g)
-    lidar_in = g.add_input("lidar_depth", FLOAT, [1, 1, "H", "W"])
+    img = image_input(g, batch=BATCH)
+    lidar_in = g.add_input("lidar_depth", FLOAT, [BATCH, 1, "H", "W"])
     lidar = g.op("Relu", [lidar_in], prefix="lidar_valid")            # negative = invalid = 0
     x = g.op("Concat", [img, g.op("Mul", [lidar, g.const([1.0 / LIDAR_SCALE])])], axis=1)
 
@@ -84,7 +84,7 @@ def build() -> ModelProto:
         ctx = g.relu(g.gemm(ctx, width, hidden))
         width = hidden
     ctx = g.gemm(ctx, width, 512, std=0.01)
-    ctx = g.op("Unsqueeze", [ctx, g.const([2, 3], np.int64)])          # [1,512,1,1]
+    ctx = g.op("Unsqueeze", [ctx, g.const([2, 3], np.int64)])          # [B,512,1,1]
     h = g.relu(g.op("Add", [h, ctx]))
 
     for skip, c in zip(skips[-2:0:-1], ENC[-2:0:-1]):                   # decoder: /16 /8 /4
@@ -98,7 +98,7 @@ def build() -> ModelProto:
     # bilinear x4 of positive values stays positive
     net_depth = g.resize(net_depth, 4.0, mode="linear")
     depth, coarse, confidence = _sparse_fusion(g, lidar, net_depth)
-    g.add_output(depth, "depth", FLOAT, [1, 1, "H", "W"])
+    g.add_output(depth, "depth", FLOAT, [BATCH, 1, "H", "W"])
     # Early exit (declared in the `dynnet_exits` metadata, read by dynnet_ros.mapper; no graph output
     # reads it, so a plain run skips it): the LiDAR densification with the network's prior depth
     # where no LiDAR is near, judged by the mean LiDAR confidence c, before the network runs.

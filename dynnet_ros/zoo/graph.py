@@ -197,6 +197,11 @@ class GraphBuilder:
         return m
 
 
-def image_input(g: GraphBuilder, name: str = "image", channels: int = 3) -> str:
-    """The standard float32 NCHW input with batch 1 and symbolic H, W."""
-    return g.add_input(name, FLOAT, [1, channels, "H", "W"])
+#: the symbolic batch dim of models that batch frames (one run serves several cameras)
+BATCH = "B"
+
+
+def image_input(g: GraphBuilder, name: str = "image", channels: int = 3, batch: int | str = 1) -> str:
+    """The standard float32 NCHW input with symbolic H, W and batch ``batch`` (1, or ``BATCH`` for
+    models whose every op keeps frames apart, so a batch of frames gives each frame's result)."""
+    return g.add_input(name, FLOAT, [batch, channels, "H", "W"])

@@ -18,7 +18,7 @@ import json
 
 from dynnet_ros.engine.modelio.onnx_proto import ModelProto
 
-from .graph import FLOAT, GraphBuilder, image_input
+from .graph import BATCH, FLOAT, GraphBuilder, image_input
 
 SEED = 101
 ENC = (16, 32, 64, 128, 256)          # channels at /2 /4 /8 /16 /32
@@ -28,7 +28,7 @@ _TOPHAT_BIAS, _TOPHAT_GAIN, _WHITE_FLOOR = 0.2, 30.0, 0.25
 
 def build() -> ModelProto:
     g = GraphBuilder("lane", SEED)
-    x = image_input(g)
+    x = image_input(g, batch=BATCH)
     skips, cin, h = [], 3, x
     for c in ENC:                                   # encoder
         h = g.cbr(h, cin, c, 3, stride=2)
@@ -57,7 +57,7 @@ def build() -> ModelProto:
     hand = g.op("Mul", [g.op("Sub", [tophat, g.const([_TOPHAT_BIAS])]), g.const([_TOPHAT_GAIN])])
     logit = g.op("Add", [hand, net_logit])
     prob = g.op("Sigmoid", [logit])
-    g.add_output(prob, "lane_prob", FLOAT, [1, 1, "H", "W"])
+    g.add_output(prob, "lane_prob", FLOAT, [BATCH, 1, "H", "W"])
     # Early exit (declared in the `dynnet_exits` metadata, read by dynnet_ros.mapper; no graph output
     # reads it, so a plain run skips it): a coarse mask from the hand-designed channel and a 1x1
     # conv of the /4 encoder features, before the deeper encoder and the decoder run. Built last so

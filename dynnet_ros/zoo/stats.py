@@ -2,7 +2,7 @@
 
 Why our own counter: onnxruntime has no FLOP counter and the zoo's numbers (docs, tests, the
 `dynnet zoo info` table) only need the dominant ops. Shapes come from ONNX shape inference on a
-copy whose H, W are pinned; MACs are counted for Conv, Gemm and MatMul
+copy whose H, W are pinned (and the batch to one frame); MACs are counted for Conv, Gemm and MatMul
 (elementwise ops, pooling and Resize are ignored, as is usual). `If` branches are counted as
 taken (an upper bound for the gated model).
 """
@@ -21,6 +21,8 @@ from dynnet_ros.engine.modelio.onnx_proto import (
     TensorProto,
     tensor_dtype_to_np_dtype,
 )
+
+from .graph import BATCH
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,8 @@ def _pinned(model: ModelProto, height: int, width: int) -> ModelProto:
                 dim.dim_value = height
             elif dim.dim_param == "W":
                 dim.dim_value = width
+            elif dim.dim_param == BATCH:
+                dim.dim_value = 1
     return onnx_proto.onnx_library().shape_inference.infer_shapes(pinned, data_prop=True)
 
 
