@@ -179,3 +179,44 @@ def test_replay_record_keeps_the_bag_frames_and_records_every_output_on_bag_time
     log_times = [t for messages in recorded.values() for t, _ in messages]
     assert min(log_times) >= start and max(log_times) <= end + 10**9  # the bag's clock, not the wall clock
     assert mcap_counts(out) == {topic: n for topic, n in counts.items() if n}
+
+
+CAMERAS = ("front", "left", "right", "rear")
+
+
+def test_up_record_writes_every_camera_of_a_multi_camera_sim(tmp_path):
+    """A simulator with four cameras: the recording holds each camera's image and CameraInfo with
+    its own frame_id at its own rate, and the one LiDAR, which shares the front camera's stamps
+    (the first camera at the simulator's rate_hz)."""
+    config = tmp_path / "cams.yaml"
+    config.write_text(yaml.safe_dump({"nodes": [{
+        "name": "sensor_sim", "executable": "sensor_sim", "sim": True,
+        "parameters": {"rate_hz": 2.0, "resolutions": [SIZE], "lidar_azimuth_steps": 32, "cameras": list(CAMERAS),
+                       "rear.rate_hz": 1.0}}]}, sort_keys=False))
+    out = tmp_path / "cams.mcap"
+    proc = subprocess.run([sys.executable, "-m", "dynnet_ros.cli", "up", "--config", str(config), "--namespace", NS,
+                           "--duration", "8", "--record", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    images = {f"{NS}/{name}/image_raw": name for name in CAMERAS}
+    headers: dict[str, list[tuple[int, int, str]]] = {}
+    with AnyReader([out], default_typestore=standard_typestore()) as reader:
+        counts = {c.topic: c.msgcount for c in reader.connections}
+        wanted = [c for c in reader.connections if c.topic in images or c.topic.endswith(("camera_info", "points"))]
+        pixels: dict[str, bytes] = {}
+        for conn, _, raw in reader.messages(connections=wanted):
+            msg = reader.deserialize(raw, conn.msgtype)
+            headers.setdefault(conn.topic, []).append(stamp(msg))
+            if conn.topic in images:
+                pixels[conn.topic] = bytes(msg.data)
+    for topic, name in images.items():
+        for recorded in (topic, f"{NS}/{name}/camera_info"):
+            assert counts.get(recorded, 0) >= 2, (recorded, counts)
+            assert {frame for _, _, frame in headers[recorded]} == {f"{name}_optical_frame"}
+    assert f"{NS}/camera/image_raw" not in counts
+    front, rear = counts[f"{NS}/front/image_raw"], counts[f"{NS}/rear/image_raw"]
+    assert front > 1.4 * rear, counts  # 2 Hz against 1 Hz
+    lidar = {(sec, nanosec) for sec, nanosec, _ in headers[f"{NS}/lidar/points"]}
+    assert lidar and lidar <= {(sec, nanosec) for sec, nanosec, _ in headers[f"{NS}/front/image_raw"]}
+    # each camera's own view (left and right see the same mirror-symmetric roadside, pixel for pixel)
+    assert len({pixels[f"{NS}/{name}/image_raw"] for name in ("front", "left", "rear")}) == 3

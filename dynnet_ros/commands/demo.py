@@ -1,7 +1,10 @@
 """`dynnet demo`: run the vehicle graph with the simulator, show a live table, write a report.
 
 With ``--bag`` the simulator stays off and a recorded bag plays in a loop instead, the nodes on
-the bag's time (``replay.BackgroundReplay``, as `dynnet replay --loop`).
+the bag's time (``replay.BackgroundReplay``, as `dynnet replay --loop`). With ``--cameras N``
+the simulator publishes N cameras and every model node serves all of them
+(``graph_cameras.with_cameras``, the graph config/vehicle_4cam.yaml holds for N = 4); the
+montage shows the first camera.
 
 The graph runs exactly as `dynnet up` starts it (node output goes to <report>/nodes.log); this
 process subscribes to /diagnostics with rclpy and turns the nodes' own statuses into the
@@ -29,8 +32,10 @@ from rich.table import Table
 
 from dynnet_ros.commands.demo_frames import FrameRecorder, render_montage
 from dynnet_ros.commands.replay import BackgroundReplay
+from dynnet_ros.graph_cameras import with_cameras
 from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.nodes.diagnostics import level_value, status_values
+from dynnet_ros.sim.rig import demo_cameras
 from dynnet_ros.sim.scene import lidar_to_camera_xyzrpy
 from dynnet_ros.supervisor.runner import GraphRunner, StopRequest, load_config
 
@@ -49,7 +54,8 @@ class Series:
 
 class DiagnosticsRecorder:
     """Collects every node's statuses from /diagnostics (rclpy, spun in a thread)."""
-    def __init__(self, t0: float, namespace: str = "", lidar_to_camera: list[float] | None = None) -> None:
+    def __init__(self, t0: float, namespace: str = "", lidar_to_camera: list[float] | None = None,
+                 camera: str | None = None) -> None:
         self._values = status_values
         self._level = level_value
         self.t0 = t0
@@ -61,8 +67,9 @@ class DiagnosticsRecorder:
         self.camera: list[dict[str, Any]] = []  # the simulator's statuses (camera resolution over time)
         self.ros = BackgroundNode("dynnet_demo_monitor", handle_signals=False, period=0.1)  # demo handles signals
         self.ros.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 50)
-        # camera frames, clouds and model outputs of this graph, paired by stamp for the montage
-        self.frames = FrameRecorder(self.ros.node, namespace, lidar_to_camera or lidar_to_camera_xyzrpy())
+        # camera frames, clouds and model outputs of this graph (of ``camera``, the first of
+        # several), paired by stamp for the montage
+        self.frames = FrameRecorder(self.ros.node, namespace, lidar_to_camera or lidar_to_camera_xyzrpy(), camera)
         self.ros.start()
 
     def _on_diag(self, msg) -> None:
@@ -212,6 +219,9 @@ def _pixels(text: str) -> float:
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
     config = load_config(args.config)
+    cameras = demo_cameras(args.cameras) if args.cameras > 1 else []
+    if cameras:  # the simulator's N cameras, every model node serving them all
+        config = with_cameras(config, cameras)
     bag_replay = None if args.bag is None else BackgroundReplay(args.bag, args.namespace)  # checked before any work
     report = Path(args.report)
     report.mkdir(parents=True, exist_ok=True)
@@ -230,9 +240,10 @@ def run(args: argparse.Namespace) -> int:
                   f"{args.duration:.0f} s (ROS_DOMAIN_ID={os.environ.get('ROS_DOMAIN_ID', '0')})")
     status = 0
     t0 = time.monotonic()
-    depth = [n for n in config.nodes if n.executable == "depth_node"]
-    recorder = DiagnosticsRecorder(t0, runner.namespace,
-                                   depth[0].parameters.get("lidar_to_camera") if depth else None)
+    depth = [n.parameters for n in config.nodes if n.executable == "depth_node"]
+    extrinsic = f"{cameras[0]}.lidar_to_camera" if cameras else "lidar_to_camera"
+    recorder = DiagnosticsRecorder(t0, runner.namespace, depth[0].get(extrinsic) if depth else None,
+                                   cameras[0] if cameras else None)
     models = sum(1 for n in runner.hosted_nodes() if n.executable.removesuffix("_node") in MODEL_TASKS)
     with StopRequest() as stop:
         try:
@@ -275,6 +286,7 @@ def run(args: argparse.Namespace) -> int:
         status = 1
     summary = summarize(recorder, elapsed, codes)
     summary["requested_duration_s"] = args.duration
+    summary["cameras"] = cameras or ["camera"]
     (report / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
     plot(recorder, report / "demo.png")
     task_nodes = {n.executable.removesuffix("_node"): n.name for n in config.nodes}

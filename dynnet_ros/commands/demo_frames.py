@@ -77,9 +77,11 @@ class _ModelPairs:
 
 
 class FrameRecorder:
-    """Subscribes on ``node`` (spun elsewhere) under ``namespace`` and keeps recent pairs."""
+    """Subscribes on ``node`` (spun elsewhere) under ``namespace`` and keeps recent pairs: of the
+    single camera (``camera/image_raw``, outputs ``lane/mask``, ...), or of the listed camera
+    ``camera`` (``NAME/image_raw``, outputs ``NAME/lane/mask``, ...) of a multi-camera graph."""
 
-    def __init__(self, node: Node, namespace: str, lidar_to_camera: list[float]) -> None:
+    def __init__(self, node: Node, namespace: str, lidar_to_camera: list[float], camera: str | None = None) -> None:
         self.lidar_to_camera = extrinsic_matrix(lidar_to_camera)
         self.lock = threading.Lock()
         self._camera: OrderedDict[Stamp, Image] = OrderedDict()
@@ -88,13 +90,14 @@ class FrameRecorder:
         self.pairs = {task: _ModelPairs() for task in ("lane", "pedestrian", "depth")}
         qos = qos_profile_sensor_data
         ns = namespace.rstrip("/")
-        node.create_subscription(Image, f"{ns}/camera/image_raw", self._on_camera, qos)
-        node.create_subscription(CameraInfo, f"{ns}/camera/camera_info", self._on_info, qos)
+        outputs = f"{ns}/{camera}" if camera else ns
+        node.create_subscription(Image, f"{ns}/{camera or 'camera'}/image_raw", self._on_camera, qos)
+        node.create_subscription(CameraInfo, f"{ns}/{camera or 'camera'}/camera_info", self._on_info, qos)
         node.create_subscription(PointCloud2, f"{ns}/lidar/points", self._on_cloud, qos)
-        node.create_subscription(Image, f"{ns}/lane/mask", lambda m: self._on_output("lane", m), 5)
-        node.create_subscription(MarkerArray, f"{ns}/pedestrian/markers",
+        node.create_subscription(Image, f"{outputs}/lane/mask", lambda m: self._on_output("lane", m), 5)
+        node.create_subscription(MarkerArray, f"{outputs}/pedestrian/markers",
                                  lambda m: self._on_output("pedestrian", m), 5)
-        node.create_subscription(Image, f"{ns}/depth/image", lambda m: self._on_output("depth", m), 5)
+        node.create_subscription(Image, f"{outputs}/depth/image", lambda m: self._on_output("depth", m), 5)
 
     def _on_camera(self, msg: Image) -> None:
         with self.lock:

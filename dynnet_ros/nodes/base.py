@@ -88,10 +88,13 @@ class ParamSpec:
             constraints.append("one of " + ", ".join(self.choices))
         desc.additional_constraints = "; ".join(constraints)
         desc.read_only = self.read_only
-        # rclpy takes an empty array for a byte array and would then refuse a parameter file's
-        # strings; the value is still checked against this spec (``validate``)
-        desc.dynamic_typing = self.type_key in ("double_array", "string_array") and not self.default
+        # rclpy declares an empty list as a byte array and would then refuse the strings or doubles
+        # a parameters file gives: such a parameter takes any type, and ``validate`` checks it
+        desc.dynamic_typing = self._empty_array()
         return desc
+
+    def _empty_array(self) -> bool:
+        return self.type_key in ("double_array", "string_array") and not self.default
 
     def check_file_value(self, value: Any) -> str | None:
         """Reason a value from a parameter file is unacceptable, or None: the type as rclpy
@@ -105,6 +108,9 @@ class ParamSpec:
 
     def validate(self, value: Any) -> str | None:
         """Reason the value is unacceptable, or None."""
+        if self._empty_array() and not _has_ros_type(value, self.type_key):
+            return f"{self.name} must be a list of {'doubles' if self.type_key == 'double_array' else 'strings'}, " \
+                   f"got {value!r}"
         if self.type_key in (int, float) and not isinstance(value, bool):
             if isinstance(value, float) and not math.isfinite(value):
                 return f"{self.name} must be finite, got {value}"

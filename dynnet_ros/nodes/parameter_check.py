@@ -10,6 +10,7 @@ that is no ONNX model would otherwise crash-loop the node at every restart.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from dynnet_ros.graph_config import GraphConfig
@@ -59,11 +60,24 @@ def camera_specs(executable: str, parameters: dict[str, Any]) -> dict[str, Param
             for name in names for spec in templates}
 
 
+#: executables whose declared parameters depend on their config's values (a parameter per listed
+#: camera): the full list for a node started with given parameters
+DECLARED_FOR: dict[str, Callable[[dict[str, Any]], list[ParamSpec]]] = {
+    "sensor_sim": sensor_sim.declared_specs,
+}
+
+
+def declared_for(executable: str, parameters: dict[str, Any]) -> list[ParamSpec]:
+    """What a node of ``executable`` started with ``parameters`` declares."""
+    specs = DECLARED_FOR.get(executable)
+    return specs(parameters) if specs is not None else DECLARED[executable]
+
+
 def parameter_problems(graph: GraphConfig) -> list[str]:
     """Every problem as ``node NAME: parameter P: reason``, in config order (empty = all fine)."""
     problems = []
     for node in graph.nodes:
-        specs = {spec.name: spec for spec in DECLARED[node.executable]}
+        specs = {spec.name: spec for spec in declared_for(node.executable, node.parameters)}
         specs.update(camera_specs(node.executable, node.parameters))
         for name, value in nest_qos_overrides(node.parameters).items():
             spec = specs.get(name)

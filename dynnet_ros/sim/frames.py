@@ -87,14 +87,43 @@ def lidar_steps(base_steps: int, index: int) -> int:
 
 def render_frame(settings: SimSettings, index: int, elapsed: float) -> SimFrame:
     """Frame ``index`` at ``elapsed`` seconds: one scene, rendered by the camera and scanned by the LiDAR."""
-    width, height = resolution_at(settings, elapsed)
     world = scene.make_scene(elapsed, count=settings.pedestrians, seed=settings.seed)
-    rgb, _ = scene.render_camera(world, width, height, frame=index)
-    points = scene.scan_lidar(world, beams=settings.lidar_beams,
-                              azimuth_steps=lidar_steps(settings.lidar_azimuth_steps, index),
-                              seed=(settings.seed, index))
+    camera = render_image(settings, index, elapsed, world=world)
+    points = scan_points(settings, index, elapsed, world=world)
+    return SimFrame(index, elapsed, camera.width, camera.height, camera.image, points, camera.camera_matrix)
+
+
+@dataclass(frozen=True)
+class CameraImage:
+    """One camera's image of a frame (in the settings' encoding)."""
+
+    index: int
+    elapsed: float
+    width: int
+    height: int
+    image: np.ndarray          # HxWx3 uint8
+    camera_matrix: np.ndarray  # 3x3 K
+
+
+def render_image(settings: SimSettings, index: int, elapsed: float, yaw_deg: float = 0.0,
+                 world: scene.Scene | None = None) -> CameraImage:
+    """The image of frame ``index`` at ``elapsed`` seconds from the camera yawed by ``yaw_deg``
+    (``world``: the scene at that time, when the caller has it already)."""
+    width, height = resolution_at(settings, elapsed)
+    world = world or scene.make_scene(elapsed, count=settings.pedestrians, seed=settings.seed)
+    rgb, _ = scene.render_camera(world, width, height, frame=index, yaw_deg=yaw_deg)
     image = rgb if settings.encoding == "rgb8" else rgb[:, :, ::-1]
-    return SimFrame(index, elapsed, width, height, image, points, scene.camera_matrix(width, height))
+    return CameraImage(index, elapsed, width, height, image, scene.camera_matrix(width, height))
+
+
+def scan_points(settings: SimSettings, index: int, elapsed: float, yaws_deg: tuple[float, ...] = (0.0,),
+                world: scene.Scene | None = None) -> np.ndarray:
+    """The LiDAR cloud of frame ``index`` at ``elapsed`` seconds, covering the cameras yawed by
+    ``yaws_deg``: (N, 4) float32 x, y, z, intensity in the LiDAR frame."""
+    world = world or scene.make_scene(elapsed, count=settings.pedestrians, seed=settings.seed)
+    return scene.scan_lidar(world, beams=settings.lidar_beams,
+                            azimuth_steps=lidar_steps(settings.lidar_azimuth_steps, index),
+                            seed=(settings.seed, index), yaws_deg=yaws_deg)
 
 
 def camera_info_fields(k: np.ndarray) -> dict[str, Any]:

@@ -5,7 +5,9 @@ the camera image and ray-cast by the LiDAR, so the two sensors agree on depth by
 
 Frames: the vehicle frame has x forward, y left, z up, origin on the ground below the camera.
 The camera optical frame has z forward, x right, y down (REP 103). The LiDAR frame is the
-vehicle frame shifted to the LiDAR's mount point.
+vehicle frame shifted to the LiDAR's mount point. Several cameras share the mount point and
+differ by their yaw (degrees, counter-clockwise seen from above: 90 looks left), so every
+camera sees the same scene and the one LiDAR agrees with each of them.
 """
 from __future__ import annotations
 
@@ -37,18 +39,28 @@ def camera_matrix(width: int, height: int, hfov_deg: float = HFOV_DEG) -> np.nda
     return np.array([[fx, 0.0, (width - 1) / 2.0], [0.0, fx, (height - 1) / 2.0], [0.0, 0.0, 1.0]])
 
 
-def lidar_to_camera() -> np.ndarray:
-    """4x4 transform mapping LiDAR-frame points into the camera optical frame (ground truth)."""
+def yaw_rotation(yaw_deg: float) -> np.ndarray:
+    """3x3 rotation taking vectors of a camera yawed by ``yaw_deg`` (x its forward, y its left)
+    to the vehicle frame; the identity at 0."""
+    c, s = math.cos(math.radians(yaw_deg)), math.sin(math.radians(yaw_deg))
+    return np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]])
+
+
+def lidar_to_camera(yaw_deg: float = 0.0) -> np.ndarray:
+    """4x4 transform mapping LiDAR-frame points into the optical frame of the camera yawed by
+    ``yaw_deg`` (ground truth)."""
     t = np.eye(4)
-    t[:3, :3] = R_OPT_FROM_VEH
+    rotation = R_OPT_FROM_VEH @ yaw_rotation(yaw_deg).T
+    t[:3, :3] = rotation
     offset = np.array(LIDAR_POSITION) - np.array([0.0, 0.0, CAMERA_HEIGHT])
-    t[:3, 3] = R_OPT_FROM_VEH @ offset
+    t[:3, 3] = rotation @ offset
     return t
 
 
-def lidar_to_camera_xyzrpy() -> list[float]:
-    """The same transform as [x, y, z, roll, pitch, yaw] (the depth node's parameter form)."""
-    t = lidar_to_camera()
+def lidar_to_camera_xyzrpy(yaw_deg: float = 0.0) -> list[float]:
+    """The same transform as [x, y, z, roll, pitch, yaw] (the depth node's parameter form, one
+    per camera: ``<name>.lidar_to_camera``)."""
+    t = lidar_to_camera(yaw_deg)
     return [float(v) for v in t[:3, 3]] + [float(v) for v in matrix_to_rpy(t[:3, :3])]
 
 
@@ -155,14 +167,91 @@ def _add_shifted_rows(band: np.ndarray, pattern: np.ndarray, first_row: int, shi
         band[head:] += pattern[:len(band) - head]
 
 
-def render_camera(scene: Scene, width: int, height: int, *, frame: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """RGB uint8 image and ground-truth optical depth (metres, 0 for sky) of the scene.
+#: metres: a pedestrian's face is clipped where it comes closer to a camera's plane than this
+NEAR_CLIP = 0.1
 
-    The camera has no roll or pitch, so the ground depth of a pixel depends on its row only
-    and each pedestrian's front face is an axis-aligned rectangle in the image: both are drawn
-    analytically (the same geometry the LiDAR ray-caster intersects). Every pixel is computed on
-    its own, so the image is drawn ``BAND_ROWS`` rows at a time: a 1280x720 frame needs the
-    output arrays and a band's float32 colours, not full-frame float temporaries.
+
+@dataclass(frozen=True)
+class _Face:
+    """A pedestrian's front face (the plane x = ``x`` of the vehicle frame) as one camera sees it:
+    columns ``u1``..``u2``, and per column the optical depth and the first and last row."""
+
+    x: float
+    height: float
+    color: np.ndarray      # RGB 0..255, float32
+    u1: int
+    depth: np.ndarray      # per column, float64
+    v1: np.ndarray         # per column, int
+    v2: np.ndarray
+
+
+def _faces(scene: Scene, k: np.ndarray, width: int, height: int, yaw_deg: float) -> list[_Face]:
+    """The pedestrians' faces in the image of the camera yawed by ``yaw_deg``, far to near.
+
+    A face is the segment x = ped.x, |y - ped.y| <= width/2 of the vehicle frame, stood up from
+    the road to the pedestrian's height (what the LiDAR ray-caster intersects). A column's ray
+    meets that plane at one optical depth, so each column of a face is a run of rows; at yaw 0
+    every column has the same depth and the face is a rectangle.
+    """
+    fx, fy, cx, cy = k[0, 0], k[1, 1], k[0, 2], k[1, 2]
+    rotation = yaw_rotation(yaw_deg)
+    c, s = rotation[0, 0], rotation[1, 0]
+    faces = []
+    for ped in sorted(scene.pedestrians, key=lambda p: -p.x):
+        # the face's left and right edge in the camera's frame (x forward, y left)
+        ends = [(c * ped.x + s * y, -s * ped.x + c * y) for y in (ped.y + ped.width / 2, ped.y - ped.width / 2)]
+        if ends[0][0] < NEAR_CLIP and ends[1][0] < NEAR_CLIP:
+            continue
+        for i in (0, 1):
+            (x1, y1), (x2, y2) = ends[i], ends[1 - i]
+            if x1 < NEAR_CLIP:
+                a = (NEAR_CLIP - x1) / (x2 - x1)
+                ends[i] = (NEAR_CLIP, y1 + a * (y2 - y1))
+        columns = [fx * (-y / x) + cx for x, y in ends]
+        u1 = max(int(math.ceil(min(columns))), 0)
+        u2 = min(int(math.floor(max(columns))), width - 1)
+        if u1 > u2:
+            continue
+        xn = (np.arange(u1, u2 + 1, dtype=np.float64) - cx) / fx
+        depth = ped.x / (c + s * xn)
+        v1 = np.maximum(np.ceil(fy * (CAMERA_HEIGHT - ped.height) / depth + cy), 0).astype(np.int64)
+        v2 = np.minimum(np.floor(fy * CAMERA_HEIGHT / depth + cy), height - 1).astype(np.int64)
+        if not (v1 <= v2).any():
+            continue
+        faces.append(_Face(ped.x, ped.height, np.array(ped.color, dtype=np.float32) * 255.0, u1, depth, v1, v2))
+    return faces
+
+
+def _draw_face(face: _Face, rgb: np.ndarray, band_depth: np.ndarray, top: int, k: np.ndarray) -> None:
+    """Draw the rows ``top``.. of ``face`` that are nearer than what the band holds: colour into
+    ``rgb``, optical depth into ``band_depth`` (both the band's)."""
+    bottom = top + len(band_depth) - 1
+    r1, r2 = max(int(face.v1.min()), top), min(int(face.v2.max()), bottom)
+    if r1 > r2:
+        return
+    fy, cy = k[1, 1], k[1, 2]
+    u2 = face.u1 + len(face.depth) - 1
+    rows = np.arange(r1, r2 + 1)
+    region = band_depth[r1 - top:r2 - top + 1, face.u1:u2 + 1]
+    front = (rows[:, None] >= face.v1[None, :]) & (rows[:, None] <= face.v2[None, :]) & (region > face.depth[None, :])
+    if not front.any():
+        return
+    height_above_road = CAMERA_HEIGHT - ((rows.astype(np.float32) - cy) / fy)[:, None] * face.depth[None, :]
+    shade = 0.65 + 0.35 * (height_above_road / face.height)
+    region[front] = np.broadcast_to(face.depth[None, :], region.shape)[front]
+    rgb[r1 - top:r2 - top + 1, face.u1:u2 + 1][front] = face.color[None, :] * shade[front][:, None]
+
+
+def render_camera(scene: Scene, width: int, height: int, *, frame: int = 0,
+                  yaw_deg: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """RGB uint8 image and ground-truth optical depth (metres, 0 for sky) of the scene, seen by
+    the camera yawed by ``yaw_deg``.
+
+    The camera has no roll or pitch, so the ground depth of a pixel depends on its row only,
+    and each pedestrian's front face is a run of rows per column at one depth (``_faces``): both
+    are drawn analytically (the same geometry the LiDAR ray-caster intersects). Every pixel is
+    computed on its own, so the image is drawn ``BAND_ROWS`` rows at a time: a 1280x720 frame
+    needs the output arrays and a band's float32 colours, not full-frame float temporaries.
     """
     k = camera_matrix(width, height)
     xn = ((np.arange(width, dtype=np.float32) - k[0, 2]) / k[0, 0])[None, :]
@@ -170,45 +259,31 @@ def render_camera(scene: Scene, width: int, height: int, *, frame: int = 0) -> t
     with np.errstate(divide="ignore"):
         row_depth = np.where(yn > 1e-6, CAMERA_HEIGHT / np.maximum(yn, 1e-6), np.inf).astype(np.float32)
     row_depth[row_depth > 150.0] = np.inf
+    # a ground point's vehicle-frame x and y per unit of optical depth, per column
+    rotation = yaw_rotation(yaw_deg)
+    forward = (rotation[0, 0] - rotation[0, 1] * xn).astype(np.float32)
+    lateral = (rotation[1, 0] - rotation[1, 1] * xn).astype(np.float32)
     depth = np.broadcast_to(row_depth, (height, width)).copy()
     image = np.empty((height, width, 3), dtype=np.uint8)
     palette = np.array([[64, 140, 51], [77, 77, 82], [242, 242, 235]], dtype=np.float32)
     elevation = np.clip(-yn, 0, 1)
     sky = np.concatenate([140 - 50 * elevation, 178 - 38 * elevation, np.full_like(elevation, 242)], axis=1)
-    fx, fy, cx, cy = k[0, 0], k[1, 1], k[0, 2], k[1, 2]
-    faces = []  # (row range, column range, depth, colour per row), drawn far to near
-    for ped in sorted(scene.pedestrians, key=lambda p: -p.x):
-        u1 = int(math.ceil(fx * (-(ped.y + ped.width / 2) / ped.x) + cx))
-        u2 = int(math.floor(fx * (-(ped.y - ped.width / 2) / ped.x) + cx))
-        v1 = int(math.ceil(fy * (CAMERA_HEIGHT - ped.height) / ped.x + cy))
-        v2 = int(math.floor(fy * CAMERA_HEIGHT / ped.x + cy))
-        u1, u2, v1, v2 = max(u1, 0), min(u2, width - 1), max(v1, 0), min(v2, height - 1)
-        if u1 > u2 or v1 > v2:
-            continue
-        z = CAMERA_HEIGHT - (np.arange(v1, v2 + 1, dtype=np.float32) - cy) / fy * ped.x
-        color = np.array(ped.color, dtype=np.float32) * 255.0
-        faces.append((v1, v2, u1, u2, ped.x, color[None, None, :] * (0.65 + 0.35 * (z / ped.height))[:, None, None]))
+    faces = _faces(scene, k, width, height, yaw_deg)
     pattern, shift = _noise_pattern(height, width), (frame * 7) % height
     for top in range(0, height, BAND_ROWS):
         bottom = min(top + BAND_ROWS, height)
         band_depth = depth[top:bottom]
         band_rows = np.broadcast_to(row_depth[top:bottom], band_depth.shape)
         ground = np.isfinite(band_depth)
-        gy = -band_depth * xn  # lateral offset of each ground point (inf on sky rows, masked below)
-        mat = _ground_material(band_rows[ground], gy[ground], scene.dash_phase)
+        with np.errstate(invalid="ignore"):  # sky rows (inf) are masked out below
+            gx, gy = band_rows * forward, band_rows * lateral
+        mat = _ground_material(gx[ground], gy[ground], scene.dash_phase)
         rgb = np.empty((bottom - top, width, 3), dtype=np.float32)
         rgb[:] = sky[top:bottom, None, :]
         shade = np.clip(1.0 - band_rows[ground] / 200.0, 0.7, 1.0)[:, None]
         rgb[ground] = palette[mat] * shade
-        for v1, v2, u1, u2, x, patch in faces:
-            r1, r2 = max(v1, top), min(v2, bottom - 1)
-            if r1 > r2:
-                continue
-            region = band_depth[r1 - top:r2 - top + 1, u1:u2 + 1]
-            front = region > x
-            region[front] = x
-            rows = patch[r1 - v1:r2 - v1 + 1]
-            rgb[r1 - top:r2 - top + 1, u1:u2 + 1][front] = np.broadcast_to(rows, region.shape + (3,))[front]
+        for face in faces:
+            _draw_face(face, rgb, band_depth, top, k)
         _add_shifted_rows(rgb, pattern, top, shift)
         np.clip(rgb, 0, 255, out=rgb)
         image[top:bottom] = rgb
@@ -217,16 +292,21 @@ def render_camera(scene: Scene, width: int, height: int, *, frame: int = 0) -> t
 
 
 def scan_lidar(scene: Scene, *, beams: int = 16, azimuth_steps: int = 512, max_range: float = 60.0,
-               seed: int | Sequence[int] = 0) -> np.ndarray:
+               seed: int | Sequence[int] = 0, yaws_deg: Sequence[float] = (0.0,)) -> np.ndarray:
     """LiDAR returns as an (N, 4) float32 array x, y, z, intensity in the LiDAR frame.
 
-    The point count varies frame to frame: rays into the sky or past `max_range` give no return,
-    and `azimuth_steps` is the scan's horizontal resolution. `seed` (numpy's: an int or a
-    sequence of ints) draws the range noise.
+    The scan covers each camera's field of view (and 10 degrees beyond each side): one sector
+    of `azimuth_steps` per yaw in `yaws_deg`, so every camera has LiDAR returns to fit its depth
+    to. The point count varies frame to frame: rays into the sky or past `max_range` give no
+    return, and `azimuth_steps` is the scan's horizontal resolution. `seed` (numpy's: an int or
+    a sequence of ints) draws the range noise.
     """
+    if not yaws_deg:
+        raise ValueError("scan_lidar needs at least one camera yaw to cover")
     elevation = np.radians(np.linspace(-24.0, 2.0, beams))
     half = math.radians(HFOV_DEG / 2.0 + 10.0)
-    azimuth = np.linspace(-half, half, azimuth_steps)
+    sector = np.linspace(-half, half, azimuth_steps)
+    azimuth = np.concatenate([sector + math.radians(yaw) for yaw in yaws_deg])
     el, az = np.meshgrid(elevation, azimuth, indexing="ij")
     dirs = np.stack([np.cos(el) * np.cos(az), np.cos(el) * np.sin(az), np.sin(el)], axis=-1).reshape(-1, 3)
     origin = np.array(LIDAR_POSITION)
