@@ -1,7 +1,8 @@
 """Small bags for the replay tests, written with rosbags' own writers (no ROS needed).
 
 Camera frames (sensor_msgs/Image with a stamped header), CameraInfo, PointCloud2, a std_msgs
-String and a message type no ROS package defines, in rosbag2 (sqlite3 or MCAP) or ROS 1 form.
+String and a message type no ROS package defines, in rosbag2 (sqlite3 or MCAP) or ROS 1 form;
+and a multi-camera rig's bag (several cameras' images and CameraInfo, one LiDAR).
 """
 from __future__ import annotations
 
@@ -43,18 +44,20 @@ def _header(store, stamp_ns: int, frame_id: str, ros1: bool):
     return t["std_msgs/msg/Header"](stamp=stamp, frame_id=frame_id)
 
 
-def image(store, stamp_ns: int, width: int = 32, height: int = 24, ros1: bool = False, seed: int = 0):
+def image(store, stamp_ns: int, width: int = 32, height: int = 24, ros1: bool = False, seed: int = 0,
+          frame_id: str = "camera_optical_frame"):
     data = np.random.default_rng(seed).integers(0, 256, height * width * 3, dtype=np.uint8)
-    return store.types[IMAGE](header=_header(store, stamp_ns, "camera_optical_frame", ros1), height=height,
+    return store.types[IMAGE](header=_header(store, stamp_ns, frame_id, ros1), height=height,
                               width=width, encoding="rgb8", is_bigendian=0, step=width * 3, data=data)
 
 
-def camera_info(store, stamp_ns: int, width: int = 32, height: int = 24, ros1: bool = False):
+def camera_info(store, stamp_ns: int, width: int = 32, height: int = 24, ros1: bool = False,
+                frame_id: str = "camera_optical_frame"):
     t = store.types
     roi = t["sensor_msgs/msg/RegionOfInterest"](x_offset=0, y_offset=0, height=0, width=0, do_rectify=False)
     k = np.array([30.0, 0, width / 2, 0, 30.0, height / 2, 0, 0, 1])
     p = np.array([30.0, 0, width / 2, 0, 0, 30.0, height / 2, 0, 0, 0, 1, 0])
-    fields = dict(header=_header(store, stamp_ns, "camera_optical_frame", ros1), height=height, width=width,
+    fields = dict(header=_header(store, stamp_ns, frame_id, ros1), height=height, width=width,
                   distortion_model="plumb_bob", binning_x=0, binning_y=0, roi=roi)
     if ros1:
         return t[INFO](**fields, D=np.zeros(5), K=k, R=np.eye(3).ravel(), P=p)
@@ -100,6 +103,35 @@ def write_bag(path: Path, frames: int = 5, *, storage: str = "sqlite3", start_ns
                 writer.write(thing, stamp + 4000, store.serialize_cdr(store.types[UNKNOWN_TYPE](value=i, note="x"),
                                                                       UNKNOWN_TYPE))
                 written.append(Recorded("/thing", stamp + 4000, None))
+    return written
+
+
+def write_cameras_bag(path: Path, cameras: tuple[str, ...] = ("front", "left", "right", "rear"), frames: int = 4, *,
+                      storage: str = "mcap", start_ns: int = 200 * NS, period_ns: int = NS // 5,
+                      topic: str = "/{name}/image_raw") -> list[Recorded]:
+    """A multi-camera rig's rosbag2 bag: per frame, each camera's image on ``topic`` (formatted
+    with the camera's name) and CameraInfo on /NAME/camera_info, frame_id NAME_optical_frame,
+    the cameras a millisecond apart (each camera has its own stamps), then one LiDAR cloud."""
+    store = typestore()
+    plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
+    written: list[Recorded] = []
+    with Writer(path, version=9, storage_plugin=plugin) as writer:
+        images = {name: writer.add_connection(topic.format(name=name), IMAGE, typestore=store) for name in cameras}
+        infos = {name: writer.add_connection(f"/{name}/camera_info", INFO, typestore=store) for name in cameras}
+        lidar = writer.add_connection("/lidar/points", CLOUD, typestore=store)
+        for i in range(frames):
+            stamp = start_ns + i * period_ns
+            for index, name in enumerate(cameras):
+                at = stamp + index * 1_000_000
+                frame_id = f"{name}_optical_frame"
+                for offset, connection, msg in ((0, images[name], image(store, at, seed=i * 16 + index,
+                                                                          frame_id=frame_id)),
+                                                (1000, infos[name], camera_info(store, at, frame_id=frame_id))):
+                    writer.write(connection, at + offset, store.serialize_cdr(msg, connection.msgtype))
+                    written.append(Recorded(connection.topic, at + offset, at))
+            at = stamp + len(cameras) * 1_000_000
+            writer.write(lidar, at, store.serialize_cdr(cloud(store, at), CLOUD))
+            written.append(Recorded("/lidar/points", at, at))
     return written
 
 

@@ -17,12 +17,21 @@ from _bags import (
     truncate,
     typestore,
     write_bag,
+    write_cameras_bag,
     write_ros1_bag,
 )
 
 from dynnet_ros.bags.pacing import Pacing, loop_period_ns, paced_steps
 from dynnet_ros.bags.reader import Bag, BagMessage
-from dynnet_ros.bags.topics import BagTopic, Remap, absolute_topic, parse_remap, plan_topics
+from dynnet_ros.bags.topics import (
+    BagTopic,
+    CameraTopics,
+    Remap,
+    absolute_topic,
+    parse_remap,
+    plan_topics,
+    role_targets,
+)
 
 KNOWN = {IMAGE, INFO, CLOUD, STRING}
 
@@ -109,6 +118,53 @@ def test_remap_and_namespace_set_the_published_names(tmp_path):
     camera = next(p for p in plan.played if p.source == "/front/image")
     assert camera.target == "/robot1/camera/image_raw" and camera.role == "camera"
     assert targets == {"/robot1/camera/image_raw", "/robot1/camera/camera_info", "/robot1/lidar/points"}
+
+
+FOUR = tuple(CameraTopics(f"{name}/image_raw", f"{name}/camera_info") for name in ("front", "left", "right", "rear"))
+
+
+def test_a_multi_camera_bag_plays_each_camera_on_its_own_topics_with_its_stamps(tmp_path):
+    written = write_cameras_bag(tmp_path / "rig")
+    with Bag(tmp_path / "rig") as bag:
+        plan = bag.plan(namespace="/car", type_available=known, cameras=FOUR)
+        played = [(m.topic, stamp_ns(m, typestore())) for m in bag.messages(plan)]
+    roles = {p.target: p.role for p in plan.played}
+    for name in ("front", "left", "right", "rear"):
+        assert roles[f"/car/{name}/image_raw"] == "camera" and roles[f"/car/{name}/camera_info"] == "camera_info"
+        stamps = [stamp for topic, stamp in played if topic == f"/car/{name}/image_raw"]
+        assert stamps == [r.stamp_ns for r in written if r.topic == f"/{name}/image_raw"] and len(stamps) == 4
+    assert roles["/car/lidar/points"] == "lidar"
+    # a graph reading one camera takes the others as plain topics (no sensor role)
+    with Bag(tmp_path / "rig") as bag:
+        single = {p.target: p.role for p in bag.plan(namespace="/car", type_available=known).played}
+    assert single["/car/front/image_raw"] is None and single["/car/lidar/points"] == "lidar"
+
+
+def test_camera_topics_are_placed_under_the_namespace_unless_absolute():
+    roles = role_targets("/car", (CameraTopics("front/image_raw", "front/camera_info"),
+                                  CameraTopics("/cams/left/image_color", "/cams/left/camera_info")))
+    assert roles == {"/car/lidar/points": "lidar", "/car/front/image_raw": "camera",
+                     "/car/front/image_raw/compressed": "compressed camera", "/car/front/camera_info": "camera_info",
+                     "/cams/left/image_color": "camera", "/cams/left/image_color/compressed": "compressed camera",
+                     "/cams/left/camera_info": "camera_info"}
+    assert set(role_targets("")) == {"/lidar/points", "/camera/image_raw", "/camera/image_raw/compressed",
+                                     "/camera/camera_info"}
+
+
+def test_remaps_put_a_rigs_topics_onto_the_graphs_cameras_and_check_their_types(tmp_path):
+    write_cameras_bag(tmp_path / "rig", cameras=("cam0", "cam1"), topic="/{name}/image")
+    rules = (parse_remap("/cam0/image:=/front/image_raw"), parse_remap("/cam1/image:=/rear/image_raw"),
+             parse_remap("/cam0/camera_info:=/front/camera_info"), parse_remap("/cam1/camera_info:=/rear/camera_info"))
+    cameras = (CameraTopics("front/image_raw", "front/camera_info"), CameraTopics("rear/image_raw", "rear/camera_info"))
+    with Bag(tmp_path / "rig") as bag:
+        plan = bag.plan(remaps=rules, namespace="/car", type_available=known, cameras=cameras)
+    roles = {p.target: (p.source, p.role) for p in plan.played}
+    assert roles["/car/front/image_raw"] == ("/cam0/image", "camera")
+    assert roles["/car/rear/image_raw"] == ("/cam1/image", "camera")
+    assert roles["/car/rear/camera_info"] == ("/cam1/camera_info", "camera_info")
+    with Bag(tmp_path / "rig") as bag, pytest.raises(ValueError, match="/car/front/image_raw.*must be sensor_msgs"):
+        bag.plan(remaps=(parse_remap("/lidar/points:=/front/image_raw"),), namespace="/car", type_available=known,
+                 cameras=cameras)
 
 
 def test_a_sensor_topic_of_the_wrong_type_is_an_error(tmp_path):

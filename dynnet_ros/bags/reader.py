@@ -25,7 +25,7 @@ from rosbags.highlevel import AnyReader
 from rosbags.typesys import Stores, get_typestore
 
 from dynnet_ros.bags.forms import BAG_FORMS as BAG_FORMS
-from dynnet_ros.bags.topics import BagTopic, TopicPlan, plan_topics
+from dynnet_ros.bags.topics import SINGLE_CAMERA, BagTopic, CameraTopics, TopicPlan, plan_topics
 
 #: what the reader accepts, for error messages
 
@@ -92,9 +92,10 @@ class Bag:
             raise ValueError(f"bag {self.path}: the bag has no messages")
 
     def plan(self, topics: list[str] | None = None, remaps: tuple[Any, ...] = (), namespace: str = "",
-             type_available: Callable[[str], bool] = lambda _msgtype: True) -> TopicPlan:
+             type_available: Callable[[str], bool] = lambda _msgtype: True,
+             cameras: tuple[CameraTopics, ...] = (SINGLE_CAMERA,)) -> TopicPlan:
         """Which of the bag's topics play, under which names (``bags.topics.plan_topics``)."""
-        return plan_topics(str(self.path), self.topics, topics, remaps, namespace, type_available)
+        return plan_topics(str(self.path), self.topics, topics, remaps, namespace, type_available, cameras)
 
     def messages(self, plan: TopicPlan) -> Iterator[BagMessage]:
         """The planned topics' messages in the bag's time order, read one at a time."""

@@ -1,7 +1,9 @@
 """Which of a bag's topics play, under which names, and whether their types fit the graph.
 
-The graph reads three sensor topics; a bag topic that lands on one of them (after the remap
-rules and the namespace) must carry that role's message type, or the model nodes would get
+The graph reads sensor topics: each camera's image and CameraInfo (``camera/...`` for a
+single-camera graph, each listed camera's under its namespace for a multi-camera one) and the
+LiDAR. A bag topic that lands on one of them (after the remap rules and the namespace) must
+carry that role's message type, or the model nodes would get
 messages they cannot decode. Other topics pass through when ROS knows their type (the
 caller's ``type_available``, e.g. "is the rclpy message class importable") and are skipped with
 a warning naming the type when it does not; a topic the user asked for by name must play.
@@ -14,13 +16,6 @@ from dataclasses import dataclass
 
 from dynnet_ros.frame_reports import FRAMES_TOPIC
 
-#: the graph's sensor topics (relative to its namespace) -> their role
-SENSOR_ROLES: dict[str, str] = {
-    "camera/image_raw": "camera",
-    "camera/image_raw/compressed": "compressed camera",
-    "camera/camera_info": "camera_info",
-    "lidar/points": "lidar",
-}
 #: the message type each role must have
 ROLE_TYPES: dict[str, str] = {
     "camera": "sensor_msgs/msg/Image",
@@ -91,19 +86,43 @@ def parse_remap(text: str) -> Remap:
         raise ValueError(f"remap rule {text!r}: {exc}") from None
 
 
-def role_targets(namespace: str) -> dict[str, str]:
-    """Absolute sensor topic names under ``namespace`` -> role."""
+@dataclass(frozen=True)
+class CameraTopics:
+    """One camera the graph reads: its image and CameraInfo topics (relative to the graph's
+    namespace, or absolute); its compressed image is ``image`` + ``/compressed``."""
+
+    image: str
+    info: str
+
+
+#: the graph's camera when its model nodes list no ``cameras``
+SINGLE_CAMERA = CameraTopics("camera/image_raw", "camera/camera_info")
+
+
+def role_targets(namespace: str, cameras: Iterable[CameraTopics] = (SINGLE_CAMERA,)) -> dict[str, str]:
+    """Absolute sensor topic names under ``namespace`` -> role: each camera's image (raw and
+    compressed) and CameraInfo, and the LiDAR."""
     prefix = namespace.rstrip("/")
-    return {f"{prefix}/{relative}": role for relative, role in SENSOR_ROLES.items()}
+
+    def resolved(topic: str) -> str:
+        return topic if topic.startswith("/") else f"{prefix}/{topic}"
+
+    roles = {resolved("lidar/points"): "lidar"}
+    for camera in cameras:
+        roles.update({resolved(camera.image): "camera", resolved(f"{camera.image}/compressed"): "compressed camera",
+                      resolved(camera.info): "camera_info"})
+    return roles
 
 
 def plan_topics(bag: str, topics: Mapping[str, BagTopic], requested: Iterable[str] | None = None,
                 remaps: Iterable[Remap] = (), namespace: str = "",
-                type_available: Callable[[str], bool] = lambda _msgtype: True) -> TopicPlan:
+                type_available: Callable[[str], bool] = lambda _msgtype: True,
+                cameras: Iterable[CameraTopics] = (SINGLE_CAMERA,)) -> TopicPlan:
     """The topics of a bag (``bag`` names it in errors) that play, and why the others do not.
 
     ``requested``: bag topic names to play (None: all); ``remaps`` apply to bag topic names, then
-    the namespace prefixes every target. ValueError: a requested topic or remap source the bag
+    the namespace prefixes every target; ``cameras``: the cameras the graph reads (their topics
+    take the sensor roles). ValueError: a requested topic or remap source the bag
     lacks, two remap rules for one topic, two topics onto one target, a sensor topic of the wrong
     type, a requested topic of a type ROS does not know, nothing left to play.
     """
@@ -119,7 +138,7 @@ def plan_topics(bag: str, topics: Mapping[str, BagTopic], requested: Iterable[st
         if rule.source in rules and rules[rule.source] != rule.target:
             raise ValueError(f"bag {bag}: two remap rules for {rule.source} ({rules[rule.source]}, {rule.target})")
         rules[rule.source] = rule.target
-    roles = role_targets(namespace)
+    roles = role_targets(namespace, cameras)
     prefix = namespace.rstrip("/")
     played: list[PlayedTopic] = []
     skipped: list[tuple[str, str]] = []
