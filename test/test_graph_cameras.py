@@ -11,7 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dynnet_ros.bags.topics import SINGLE_CAMERA
 from dynnet_ros.cli import build_parser
+from dynnet_ros.commands.replay import graph_cameras
 from dynnet_ros.geometry import extrinsic_matrix
 from dynnet_ros.graph_cameras import camera_extrinsic, with_cameras
 from dynnet_ros.graph_config import default_config_path, load_graph, parse_graph
@@ -31,8 +33,9 @@ def test_the_four_camera_config_is_the_vehicle_graph_with_four_cameras():
         [(n.name, n.executable, n.container, n.sim, n.respawn) for n in expected.nodes]
     for have, want in zip(written.nodes, expected.nodes):
         assert have.parameters == want.parameters, have.name
-    # the simulator's half is what sensor_sim declares
-    assert [p for p in parameter_problems(written) if p.startswith("node sensor_sim")] == []
+    # every parameter is one its node declares: the simulator's per-camera yaws, the model nodes'
+    # cameras, the depth node's per-camera extrinsics
+    assert parameter_problems(written) == []
 
 
 def test_with_cameras_wires_the_simulator_and_every_model_node():
@@ -76,3 +79,14 @@ def test_demo_takes_one_to_eight_cameras(capsys):
         with pytest.raises(SystemExit):
             parser.parse_args(["demo", "--cameras", bad])
     assert "1 to 8 cameras" in capsys.readouterr().err
+
+
+def test_a_replay_type_checks_the_cameras_the_graphs_model_nodes_read():
+    four = graph_cameras(load_graph(FOUR))
+    assert [(c.image, c.info) for c in four] == [(f"{n}/image_raw", f"{n}/camera_info") for n in demo_cameras(4)]
+    assert graph_cameras(load_graph(default_config_path())) == graph_cameras(None) == (SINGLE_CAMERA,)
+    mixed = parse_graph({"nodes": [{"name": "lane", "executable": "lane_node",
+                                    "parameters": {"cameras": ["/cams/left/image_color", "front"]}},
+                                   {"name": "depth", "executable": "depth_node", "parameters": {"cameras": ["front"]}},
+                                   {"name": "ped", "executable": "pedestrian_node"}]})
+    assert [c.image for c in graph_cameras(mixed)] == ["/cams/left/image_color", "front/image_raw", "camera/image_raw"]

@@ -31,7 +31,7 @@ from rich.live import Live
 from rich.table import Table
 
 from dynnet_ros.commands.demo_frames import FrameRecorder, render_montage
-from dynnet_ros.commands.replay import BackgroundReplay
+from dynnet_ros.commands.replay import BackgroundReplay, graph_cameras
 from dynnet_ros.graph_cameras import with_cameras
 from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.nodes.diagnostics import level_value, status_values
@@ -222,7 +222,8 @@ def run(args: argparse.Namespace) -> int:
     cameras = demo_cameras(args.cameras) if args.cameras > 1 else []
     if cameras:  # the simulator's N cameras, every model node serving them all
         config = with_cameras(config, cameras)
-    bag_replay = None if args.bag is None else BackgroundReplay(args.bag, args.namespace)  # checked before any work
+    bag_replay = None if args.bag is None else \
+        BackgroundReplay(args.bag, args.namespace, graph_cameras(config))  # checked before any work
     report = Path(args.report)
     report.mkdir(parents=True, exist_ok=True)
     log = (report / "nodes.log").open("w")

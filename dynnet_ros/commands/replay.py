@@ -33,11 +33,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from dynnet_ros.bags.pacing import Pacing, Step, loop_period_ns, paced_steps
 from dynnet_ros.bags.reader import BAG_FORMS, Bag
-from dynnet_ros.bags.topics import Remap, TopicPlan
+from dynnet_ros.bags.topics import SINGLE_CAMERA, CameraTopics, Remap, TopicPlan
 from dynnet_ros.bags.writer import standard_typestore
 from dynnet_ros.commands import CommandError
 from dynnet_ros.commands.bag_player import ACK_WAIT_S, BagPlayer
 from dynnet_ros.graph_config import GraphConfig, ProcessSpec, fq_node_name, map_hosted, recorder_process
+from dynnet_ros.nodes.camera_inputs import camera_inputs
 from dynnet_ros.nodes.message_types import message_class
 from dynnet_ros.nodes.recording_graph import wait_for_recorder
 from dynnet_ros.supervisor.runner import GraphRunner, StopRequest, load_config
@@ -58,12 +59,25 @@ RECORDER_WAIT_S = 30.0
 DISCOVERY_WAIT_S = 5.0
 
 
+def graph_cameras(config: GraphConfig | None) -> tuple[CameraTopics, ...]:
+    """The cameras the graph's model nodes read (their ``cameras``), each once; the single camera
+    when no node lists any, or without a graph (``--no-graph``)."""
+    found: dict[str, CameraTopics] = {}
+    for node in config.nodes if config is not None else []:
+        if node.executable in MODEL_EXECUTABLES:
+            for camera in camera_inputs(list(node.parameters.get("cameras", []))):
+                found.setdefault(camera.image_topic, CameraTopics(camera.image_topic, camera.info_topic))
+    return tuple(found.values()) or (SINGLE_CAMERA,)
+
+
 def open_checked(path: str, topics: list[str] | None = None, remaps: tuple[Remap, ...] = (), namespace: str = "",
-                 loop: bool = False) -> tuple[Bag, TopicPlan]:
-    """The bag and what of it plays, both checked (ValueError naming the bag otherwise)."""
+                 loop: bool = False, cameras: tuple[CameraTopics, ...] = (SINGLE_CAMERA,)) -> tuple[Bag, TopicPlan]:
+    """The bag and what of it plays, both checked (ValueError naming the bag otherwise); ``cameras``:
+    the graph's (their topics must carry camera messages)."""
     bag = Bag(path)
     try:
-        plan = bag.plan(topics, remaps, namespace, type_available=lambda msgtype: message_class(msgtype) is not None)
+        plan = bag.plan(topics, remaps, namespace, type_available=lambda msgtype: message_class(msgtype) is not None,
+                        cameras=cameras)
         if loop:
             loop_period_ns(bag.start_ns, bag.end_ns)
     except ValueError:
@@ -127,8 +141,8 @@ class BackgroundReplay:
     """A bag played in a loop on a thread into a graph started with ``sim_time`` (``dynnet demo
     --bag``): checked when made, playing once the graph's model nodes subscribe, until ``close``."""
 
-    def __init__(self, path: str, namespace: str = "") -> None:
-        self.bag, self.plan = open_checked(path, namespace=namespace, loop=True)
+    def __init__(self, path: str, namespace: str = "", cameras: tuple[CameraTopics, ...] = (SINGLE_CAMERA,)) -> None:
+        self.bag, self.plan = open_checked(path, namespace=namespace, loop=True, cameras=cameras)
         self.error: str | None = None  # damage found while playing (the bag's ValueError)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -183,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--record records the graph this command starts; it cannot be used with --no-graph")
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")  # the player too, as the graph's nodes
     config: GraphConfig | None = None if args.no_graph else load_config(args.config)
-    bag, plan = open_checked(args.bag, args.topics, tuple(args.remap), args.namespace, args.loop)
+    bag, plan = open_checked(args.bag, args.topics, tuple(args.remap), args.namespace, args.loop, graph_cameras(config))
     with bag:
         pacing = Pacing(rate=args.rate, loop=args.loop)
         for warning in plan.warnings():
