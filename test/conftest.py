@@ -25,6 +25,9 @@ os.environ.setdefault("DYNNET_PLAN_PROFILE", "memory")
 # RDP's strict mode: a transfer function that fails on its own raises instead of leaving nac, so a
 # bug in one fails the test that reaches it (serving processes keep the lenient nac and a warning).
 os.environ.setdefault("DYNNET_RDP_STRICT", "1")
+# The zoo models of this checkout: checkouts whose zoo builders differ (branches, worktrees) would
+# otherwise rebuild one another's models in the shared ~/.cache directory while their tests read them.
+os.environ.setdefault("DYNNET_ZOO_DIR", str(Path(__file__).resolve().parents[1] / ".dynnet-cache" / "zoo"))
 
 
 def pytest_configure(config):
