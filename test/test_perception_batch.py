@@ -7,6 +7,7 @@ from _perception_models import batch_fixed_inside, batched_end2end, constant_out
 
 from dynnet_ros.perception import DepthEstimator, Detector, Segmenter
 from dynnet_ros.perception.batch_capacity import UNBOUNDED_BATCH, batch_capacity
+from dynnet_ros.perception.letterbox import plan_letterbox
 from dynnet_ros.perception.model_info import read_model_info
 from dynnet_ros.zoo import ensure_model
 
@@ -202,3 +203,31 @@ def test_max_batch_is_decided_from_the_graph(tmp_path):
     flat = constant_outputs(tmp_path / "flat.onnx", {"boxes": np.zeros((3, 4), np.float32)},
                             input_dims=("B", 3, "H", "W"), output_dims={"boxes": ["N", 4]})
     assert capacity(flat) == 1
+
+
+def test_mapped_stages_run_a_batch_frame_by_frame(lane):
+    """A node's mapped stages decide their early exits per frame: a batch reaches them one by one."""
+    fed = []
+
+    def runner(feeds):
+        fed.append(feeds["image"].shape[0])
+        return lane.engine.run(feeds)
+
+    lane.runner = runner
+    try:
+        assert len(lane.batch(frames(3, seed=12))) == 3
+    finally:
+        lane.runner = None
+    assert fed == [1, 1, 1]
+
+
+def test_padding_to_a_shared_size_keeps_the_scale():
+    box = plan_letterbox(40, 100, target=(128, 128), multiple=32, center=True)   # 51x128 in 64x128
+    assert (box.new_h, box.new_w, box.pad_h, box.pad_w, box.top) == (51, 128, 64, 128, 6)
+    shared = box.padded_to(128, 160, center=True)
+    assert (shared.new_h, shared.new_w, shared.top, shared.left) == (51, 128, 38, 16)
+    np.testing.assert_allclose(shared.boxes_to_source([[16, 38, 144, 89]]), [[0, 0, 100, 40]], atol=1e-4)
+    corner = box.padded_to(128, 160, center=False)
+    assert (corner.top, corner.left) == (box.top, box.left)
+    with pytest.raises(ValueError, match="cannot be padded"):
+        box.padded_to(32, 128, center=True)
