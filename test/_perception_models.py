@@ -133,3 +133,18 @@ def batch_fixed_inside(path: Path) -> str:
     inputs = [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["B", 3, "H", "W"])]
     outputs = [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["B", 1, "K"])]
     return _save(nodes, inputs, outputs, inits, path)
+
+
+def nhwc_uint8_map(path: Path, weights: np.ndarray) -> str:
+    """Raw pixels NHWC over a symbolic batch: image uint8 [B, H, W, 3] -> sigmoid(conv1x1(pixels /
+    255, weights)) as [B, 1, H, W]."""
+    inits = [numpy_helper.from_array(weights.reshape(1, 3, 1, 1).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array(1 / 255, np.float32), "inv255")]
+    nodes = [helper.make_node("Cast", ["image"], ["pixels"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["pixels", "inv255"], ["unit"]),
+             helper.make_node("Transpose", ["unit"], ["nchw"], perm=[0, 3, 1, 2]),
+             helper.make_node("Conv", ["nchw", "w"], ["conv"]),
+             helper.make_node("Sigmoid", ["conv"], ["out"])]
+    inputs = [helper.make_tensor_value_info("image", TensorProto.UINT8, ["B", "H", "W", 3])]
+    outputs = [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["B", 1, "H", "W"])]
+    return _save(nodes, inputs, outputs, inits, path)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _perception_models import batch_fixed_inside, batched_end2end, constant_outputs, pixel_map
+from _perception_models import batch_fixed_inside, batched_end2end, constant_outputs, nhwc_uint8_map, pixel_map
 
 from dynnet_ros.perception import DepthEstimator, Detector, Segmenter
 from dynnet_ros.perception.batch_capacity import UNBOUNDED_BATCH, batch_capacity
@@ -83,6 +83,16 @@ def test_pixelwise_model_mixed_sizes_match_exactly(tmp_path):
             assert batched.probability.shape == frame.shape[:2]
             np.testing.assert_allclose(batched.probability, alone.probability, atol=1e-6)
             np.testing.assert_array_equal(batched.mask, alone.mask)
+
+
+def test_nhwc_uint8_batch(tmp_path):
+    with Segmenter(nhwc_uint8_map(tmp_path / "nhwc.onnx", WEIGHTS), "binary", input_size=0) as seg:
+        assert seg.preprocess.layout == "NHWC" and seg.max_batch == UNBOUNDED_BATCH
+        batch = frames(2, 64, 96, seed=13) + frames(1, 32, 64, seed=14)
+        together = seg.batch(batch)
+        assert seg.engine.engine_stats().shape_signature == {"image": [3, 64, 96, 3]}
+        for frame, batched in zip(batch, together):
+            np.testing.assert_allclose(batched.probability, seg(frame).probability, atol=1e-6)
 
 
 def test_zoo_depth_batch_with_and_without_lidar(depth):
@@ -215,10 +225,11 @@ def test_mapped_stages_run_a_batch_frame_by_frame(lane):
 
     lane.runner = runner
     try:
+        assert lane.frames_per_run == 1
         assert len(lane.batch(frames(3, seed=12))) == 3
     finally:
         lane.runner = None
-    assert fed == [1, 1, 1]
+    assert fed == [1, 1, 1] and lane.frames_per_run == lane.max_batch
 
 
 def test_padding_to_a_shared_size_keeps_the_scale():

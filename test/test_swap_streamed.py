@@ -234,6 +234,27 @@ def test_the_as_given_layout_streams_through_the_same_window(name):
     engine.close()
 
 
+@pytest.mark.parametrize("name", ["lane", "depth"])
+def test_batches_stream_through_the_window_at_their_own_minimum(name):
+    """Batches of 1, 2 and 4 frames (the zoo's batching models): the minimum grows with the batch,
+    and under a budget that holds batch 4 every batch size equals onnxruntime's output."""
+    path = str(ensure_model(name))
+    reference = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    names = [o.name for o in reference.get_outputs()]
+    engine = Engine(path, threads=1, swappable=True,
+                    input_shapes={i.name: (4, i.shape[1], *SIZES[0]) for i in reference.get_inputs()})
+    one = make_feeds(engine.inputs, *SIZES[0], seed=5)
+    feeds = {batch: {key: np.concatenate([one[key] * (i + 1) / batch for i in range(batch)]) for key in one}
+             for batch in (1, 2, 4)}
+    minimum = {batch: engine.min_budget_mb({k: v.shape for k, v in f.items()}) for batch, f in feeds.items()}
+    assert minimum[1] < minimum[2] < minimum[4]
+    engine.set_memory_budget(minimum[4] * 1.001)
+    for batch in (4, 1, 2, 4):
+        check_equal(engine.run(feeds[batch]), reference.run(names, feeds[batch]), names)
+    assert engine.stats()["executor"] == "swap" and engine.stats()["over_budget"] is None
+    engine.close()
+
+
 def test_budgets_on_other_backends_are_refused_with_the_reason():
     engine = Engine(str(ensure_model("lane")), backend="ort", threads=1)
     with pytest.raises(ValueError, match="cpu backend only"):

@@ -120,10 +120,15 @@ class PerceptionCore(Generic[F]):
             self.preprocess.fill(frame, box, tensor[i: i + 1])
         return self.preprocess.cast(tensor), boxes
 
+    @property
+    def frames_per_run(self) -> int:
+        """The most frames ``batch`` gives one run now: ``max_batch``, or 1 while mapped stages
+        run the frames (``runner``: their early exits decide per frame)."""
+        return 1 if self.runner is not None else self.max_batch
+
     def _chunks(self, items: Sequence[T]) -> Iterator[Sequence[T]]:
-        """``items`` in runs the engine takes at once: ``max_batch`` at a time, one at a time
-        while mapped stages run the frames (their early exits decide per frame)."""
-        size = 1 if self.runner is not None else self.max_batch
+        """``items`` in runs of ``frames_per_run``."""
+        size = self.frames_per_run
         for start in range(0, len(items), size):
             yield items[start: start + size]
 
