@@ -1,6 +1,7 @@
 """`dynnet replay` of a multi-camera rig's bag: every camera's frames go out on the graph's
 camera topics (``NAME/image_raw`` under the namespace) with the stamps they were recorded with,
-the bag's own topic names mapped onto them with ``--remap``."""
+the bag's own topic names mapped onto them with ``--remap``; into a graph whose lane node serves
+all four cameras, every camera's every frame is processed, paced and counted per camera topic."""
 from __future__ import annotations
 
 import json
@@ -12,11 +13,13 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+import yaml
 from _bags import write_cameras_bag
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CameraInfo, Image
 
 from dynnet_ros.nodes.background import BackgroundNode
+from dynnet_ros.zoo import ensure_model
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMESPACE = f"/replaycams_{os.getpid()}"
@@ -76,3 +79,24 @@ def test_a_four_camera_bag_replays_every_camera_onto_the_graphs_camera_topics(tm
             assert summary["topics"][topic]["published"] == len(recorded) == 5
         assert summary["topics"][f"{NAMESPACE}/{camera}/image_raw"]["source"] == f"/{rig}/image"
     assert summary["topics"][f"{NAMESPACE}/lidar/points"]["published"] == 5
+
+
+def test_a_four_camera_bag_replays_into_one_lane_node_serving_all_four_losing_no_frame(tmp_path):
+    ensure_model("lane")
+    cameras = tuple(RIG.values())
+    write_cameras_bag(tmp_path / "rig", cameras=cameras, frames=4)
+    config = tmp_path / "lane.yaml"
+    config.write_text(yaml.safe_dump({"nodes": [{"name": "lane_node", "executable": "lane_node", "parameters": {
+        "threads": 1, "camera_sizes": ["32x24"], "cameras": list(cameras)}}]}, sort_keys=False))
+    namespace = f"{NAMESPACE}_lane"
+    proc = subprocess.run([sys.executable, "-m", "dynnet_ros.cli", "replay", str(tmp_path / "rig"), "--config",
+                           str(config), "--namespace", namespace, "--strict", "--linger", "1",
+                           "--json", str(tmp_path / "replay.json")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+    assert "every model node processed every frame" in proc.stdout, proc.stdout[-3000:]
+    rows = json.loads((tmp_path / "replay.json").read_text())["frames"].values()
+    assert {row["topic"] for row in rows} == {f"{namespace}/{camera}/image_raw" for camera in cameras}
+    for row in rows:
+        assert row["node"] == f"{namespace}/lane_node"
+        assert (row["published"], row["processed"], row["dropped"], row["lost"]) == (4, 4, 0, 0), row
