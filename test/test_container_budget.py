@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import rclpy
+from _waiting import wait_for
 from rclpy.context import Context
 
 from dynnet_ros.nodes.base import close_node
@@ -26,6 +27,14 @@ def _args(name: str) -> list[str]:
             "-p", "max_input_side:=160", "-p", "camera_sizes:=[160x120]"]
 
 
+def _weights_read_in(node) -> bool:
+    """Every weight of the node's engine is resident. A streamed engine reads its weights in on its
+    window's thread after the node is built, and what the node reports holding grows with them, as
+    its RSS does; with no budget (as here) the window holds them all once read."""
+    window = node.serving.engine.engine_stats().window
+    return window is None or window.resident_weight_bytes == window.weight_span_bytes
+
+
 def test_a_model_node_beside_another_counts_its_own_model_only():
     ensure_model("lane")
     ensure_model("pedestrian")
@@ -36,11 +45,13 @@ def test_a_model_node_beside_another_counts_its_own_model_only():
         lane = LaneNode(context=context, cli_args=_args("lane"), use_global_arguments=False)
         nodes.append(lane)
         assert lane.held_beside_neighbours() is None  # alone: its RSS growth is its own
+        wait_for(lambda: _weights_read_in(lane), 60, "the lane engine's weights read in")
         own = lane.own_memory_mb()
         rss_view = process_memory().rss_mb - lane.budget_profile.baseline.rss_mb
         before = process_memory().rss_mb
         pedestrian = PedestrianNode(context=context, cli_args=_args("pedestrian"), use_global_arguments=False)
         nodes.append(pedestrian)
+        wait_for(lambda: _weights_read_in(pedestrian), 60, "the pedestrian engine's weights read in")
         grown = process_memory().rss_mb - before  # the neighbour's model, loaded after the lane node's
         assert grown > 5.0, grown
 
