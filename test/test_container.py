@@ -37,6 +37,7 @@ from dynnet_ros.graph_config import default_config_path, parse_graph
 from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.nodes.container import composition_services
 from dynnet_ros.nodes.diagnostics import ERROR, level_value, status_values
+from dynnet_ros.nodes.service_answers import REFUSED
 from dynnet_ros.zoo import ensure_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -177,61 +178,63 @@ def test_nodes_load_and_unload_through_the_composition_services_and_a_callback_e
     client.count(f"{ns}/faulty/alive", Int32)
     trigger = client.ros.node.create_publisher(String, f"{ns}/fault/trigger", QoSProfile(depth=10))
     try:
-        assert list(client.call("list").unique_ids) == []
-        # errors answer as rclcpp's container does, and take no unique id
-        answer = client.call("load", package_name="dynnet_ros", plugin_name="dynnet_ros::NoSuchNode")
-        assert not answer.success and answer.error_message == "Failed to find class with the requested plugin name."
-        answer = client.call("load", package_name="no_such_package", plugin_name="no_such_package::Node")
-        assert not answer.success and answer.error_message == "Could not find requested resource in ament index"
-        answer = client.call("load", package_name="dynnet_ros", plugin_name="dynnet_ros::SensorSim",
-                             node_name="bad_sim", parameters=parameters(rate_hz=-1.0))
-        assert not answer.success and answer.error_message.startswith("Component constructor threw an exception: ")
-        assert "rate_hz" in answer.error_message
-        answer = client.call("load", package_name="dynnet_ros", plugin_name="dynnet_ros::SensorSim",
-                             node_name="sim", extra_arguments=parameters(use_intra_process_comms=1))
-        assert not answer.success
-        assert answer.error_message == "Extra component argument 'use_intra_process_comms' must be a boolean"
+        with quoting(lambda: (tmp_path / "container.log").read_text()):  # the container's side of a failure
+            assert list(client.call("list").unique_ids) == []
+            # errors answer as rclcpp's container does, and take no unique id
+            answer = client.call("load", package_name="dynnet_ros", plugin_name="dynnet_ros::NoSuchNode")
+            assert not answer.success and answer.error_message == "Failed to find class with the requested plugin name."
+            answer = client.call("load", package_name="no_such_package", plugin_name="no_such_package::Node")
+            assert not answer.success and answer.error_message == "Could not find requested resource in ament index"
+            answer = client.call("load", package_name="dynnet_ros", plugin_name="dynnet_ros::SensorSim",
+                                 node_name="bad_sim", parameters=parameters(rate_hz=-1.0))
+            assert not answer.success and answer.error_message.startswith("Component constructor threw an exception: ")
+            assert "rate_hz" in answer.error_message
+            answer = client.call("load", package_name="dynnet_ros", plugin_name="dynnet_ros::SensorSim",
+                                 node_name="sim", extra_arguments=parameters(use_intra_process_comms=1))
+            assert not answer.success
+            assert answer.error_message == "Extra component argument 'use_intra_process_comms' must be a boolean"
 
-        # our simulator, with the request's name, namespace, parameters and remapping
-        sim = client.call("load", package_name="dynnet_ros", plugin_name="dynnet_ros::SensorSim", node_name="sim",
-                          node_namespace=ns, remap_rules=["camera/image_raw:=cam/image"],
-                          parameters=parameters(rate_hz=5.0, resolutions=["160x120"], lidar_azimuth_steps=64),
-                          extra_arguments=parameters(use_intra_process_comms=True))
-        assert sim.success, sim.error_message
-        assert sim.full_node_name == f"{ns}/sim" and sim.unique_id == 2  # the failed constructor took 1
-        assert client.parameter(f"{ns}/sim", "rate_hz") == 5.0
-        wait_for(lambda: client.seen(f"{ns}/cam/image") >= 3, 120, "frames on the remapped camera topic")
-        # the test package's node, resolved through its own entry point
-        faulty = client.call("load", package_name="dynnet_faulty", plugin_name="dynnet_faulty::Faulty",
-                             node_namespace=ns)
-        assert faulty.success and faulty.full_node_name == f"{ns}/faulty", faulty.error_message
-        listing = client.call("list")
-        assert list(listing.unique_ids) == [sim.unique_id, faulty.unique_id]
-        assert list(listing.full_node_names) == [f"{ns}/sim", f"{ns}/faulty"]
-        wait_for(lambda: client.seen(f"{ns}/faulty/alive") >= 3, 60, "the faulty node's heartbeat")
+            # our simulator, with the request's name, namespace, parameters and remapping
+            sim = client.call("load", package_name="dynnet_ros", plugin_name="dynnet_ros::SensorSim", node_name="sim",
+                              node_namespace=ns, remap_rules=["camera/image_raw:=cam/image"],
+                              parameters=parameters(rate_hz=5.0, resolutions=["160x120"], lidar_azimuth_steps=64),
+                              extra_arguments=parameters(use_intra_process_comms=True))
+            assert sim.success, sim.error_message
+            assert sim.full_node_name == f"{ns}/sim" and sim.unique_id == 2  # the failed constructor took 1
+            assert client.parameter(f"{ns}/sim", "rate_hz") == 5.0
+            wait_for(lambda: client.seen(f"{ns}/cam/image") >= 3, 120, "frames on the remapped camera topic")
+            # the test package's node, resolved through its own entry point
+            faulty = client.call("load", package_name="dynnet_faulty", plugin_name="dynnet_faulty::Faulty",
+                                 node_namespace=ns)
+            assert faulty.success and faulty.full_node_name == f"{ns}/faulty", faulty.error_message
+            listing = client.call("list")
+            assert list(listing.unique_ids) == [sim.unique_id, faulty.unique_id]
+            assert list(listing.full_node_names) == [f"{ns}/sim", f"{ns}/faulty"]
+            wait_for(lambda: client.seen(f"{ns}/faulty/alive") >= 3, 60, "the faulty node's heartbeat")
 
-        # an exception in one node's callback: reported against it; it and its neighbour keep serving
-        wait_for(lambda: trigger.get_subscription_count() > 0, 60, "the faulty node's trigger subscription")
-        trigger.publish(String(data="first"))
-        errors = wait_for(lambda: [s for s in client.status("faulty: callback", f"{ns}/faulty")
-                                   if level_value(s.level) == ERROR], 60, "the ERROR status of the faulty node")
-        assert "RuntimeError: boom: first" in errors[-1].message
-        assert status_values(errors[-1])["exceptions"] == 1
-        frames, beats = client.seen(f"{ns}/cam/image"), client.seen(f"{ns}/faulty/alive")
-        trigger.publish(String(data="second"))
-        wait_for(lambda: any(status_values(s)["exceptions"] == 2
-                             for s in client.status("faulty: callback", f"{ns}/faulty")), 60, "the second exception")
-        wait_for(lambda: client.seen(f"{ns}/cam/image") >= frames + 5
-                 and client.seen(f"{ns}/faulty/alive") >= beats + 5, 60, "both nodes serving after the exceptions")
-        assert proc.poll() is None
+            # an exception in one node's callback: reported against it; it and its neighbour keep serving
+            wait_for(lambda: trigger.get_subscription_count() > 0, 60, "the faulty node's trigger subscription")
+            trigger.publish(String(data="first"))
+            errors = wait_for(lambda: [s for s in client.status("faulty: callback", f"{ns}/faulty")
+                                       if level_value(s.level) == ERROR], 60, "the ERROR status of the faulty node")
+            assert "RuntimeError: boom: first" in errors[-1].message
+            assert status_values(errors[-1])["exceptions"] == 1
+            frames, beats = client.seen(f"{ns}/cam/image"), client.seen(f"{ns}/faulty/alive")
+            trigger.publish(String(data="second"))
+            wait_for(lambda: any(status_values(s)["exceptions"] == 2
+                                 for s in client.status("faulty: callback", f"{ns}/faulty")), 60,
+                     "the second exception")
+            wait_for(lambda: client.seen(f"{ns}/cam/image") >= frames + 5
+                     and client.seen(f"{ns}/faulty/alive") >= beats + 5, 60, "both nodes serving after the exceptions")
+            assert proc.poll() is None
 
-        # unload: the node leaves the graph and the listing; its id is not found again
-        answer = client.call("unload", unique_id=sim.unique_id)
-        assert answer.success, answer.error_message
-        wait_for(lambda: f"{ns}/sim" not in client.node_names(), 60, "the unloaded node gone from the graph")
-        assert list(client.call("list").full_node_names) == [f"{ns}/faulty"]
-        answer = client.call("unload", unique_id=sim.unique_id)
-        assert not answer.success and answer.error_message == f"No node found with unique_id: {sim.unique_id}"
+            # unload: the node leaves the graph and the listing; its id is not found again
+            answer = client.call("unload", unique_id=sim.unique_id)
+            assert answer.success, answer.error_message
+            wait_for(lambda: f"{ns}/sim" not in client.node_names(), 60, "the unloaded node gone from the graph")
+            assert list(client.call("list").full_node_names) == [f"{ns}/faulty"]
+            answer = client.call("unload", unique_id=sim.unique_id)
+            assert not answer.success and answer.error_message == f"No node found with unique_id: {sim.unique_id}"
     finally:
         client.close()
         if proc.poll() is None:
@@ -242,6 +245,7 @@ def test_nodes_load_and_unload_through_the_composition_services_and_a_callback_e
     assert code == 0, text[-5000:]
     assert "RuntimeError: boom: first" in text and "exception in a callback of " + f"{ns}/faulty" in text, text[-5000:]
     assert "extra argument 'use_intra_process_comms' ignored" in text, text[-5000:]
+    assert REFUSED not in text, text[-5000:]  # every answer reached the test's client (service_answers.py)
 
 
 def container_graph(path: Path) -> Path:

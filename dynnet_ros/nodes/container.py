@@ -54,6 +54,7 @@ from dynnet_ros.graph_config import COMPONENTS, PACKAGE
 from dynnet_ros.nodes import diagnostics as diag
 from dynnet_ros.nodes.base import close_node, serve, steady_timer
 from dynnet_ros.nodes.kept_values import KeptValues
+from dynnet_ros.nodes.service_answers import answer_when_matched
 
 #: entry-point group that maps plugin names (``package::Class``) to node classes
 COMPONENTS_GROUP = "dynnet_ros.components"
@@ -208,9 +209,9 @@ class ContainerNode(Node):
                                    "(the nodes given at start run all the same)")
         else:
             load, unload, listing = services
-            self.create_service(load, "~/_container/load_node", self._on_load)
-            self.create_service(unload, "~/_container/unload_node", self._on_unload)
-            self.create_service(listing, "~/_container/list_nodes", self._on_list)
+            for kind, name, callback in ((load, "load_node", self._on_load), (unload, "unload_node", self._on_unload),
+                                         (listing, "list_nodes", self._on_list)):
+                answer_when_matched(self, self.create_service(kind, f"~/_container/{name}", callback))
         steady_timer(self, STATUS_PERIOD_S, self.publish_status)
 
     # ------------------------------------------------------------------ composition services
