@@ -75,6 +75,9 @@ def test_demo_with_four_cameras_serves_every_camera_from_one_node(tmp_path):
     summary = json.loads((report / "summary.json").read_text())
     assert summary["cameras"] == cameras
     assert set(summary["models"]) == {"lane_node"} and summary["models"]["lane_node"]["frames_processed"] > 0
+    per_camera = summary["models"]["lane_node"]["cameras"]  # from the node's camera.<name>.* counters
+    assert set(per_camera) == set(cameras) and all(c["processed"] > 0 for c in per_camera.values()), per_camera
+    assert "lane_node front" in out.stdout  # the live table has a row per camera
     with masks.lock:
         seen = {camera: list(values) for camera, values in masks.seen.items()}
     for camera in cameras:

@@ -87,7 +87,9 @@ class DiagnosticsRecorder:
                     self.memory.append(sample)
                 elif status.name.endswith(": sensor simulator"):
                     self.camera.append(sample)
-                self.latest[node] = sample
+                # a model node serving several cameras also reports each camera on its own: a row each
+                camera = values.get("camera") if "task" not in values else None
+                self.latest[f"{node} {camera}" if isinstance(camera, str) and camera else node] = sample
 
     def serving(self, count: int) -> bool:
         """``count`` model nodes have each processed a frame."""
@@ -112,7 +114,11 @@ def build_table(recorder: DiagnosticsRecorder, elapsed: float, duration: float):
         latest = dict(recorder.latest)
     for node, s in sorted(latest.items()):
         level = {0: "[green]OK", 1: "[yellow]WARN", 2: "[red]ERROR"}.get(s["level"], "STALE")
-        if s.get("task") in MODEL_TASKS:
+        if "camera" in s and "task" not in s:  # one camera of a multi-camera model node
+            table.add_row(node, level, _fmt(s.get("hz")), _fmt(s.get("latency_p50_ms")), _fmt(s.get("latency_p95_ms")),
+                          "", "", _fmt(s.get("processed"), "d"), _fmt(s.get("dropped"), "d"),
+                          _fmt(s.get("failed"), "d"), "")
+        elif s.get("task") in MODEL_TASKS:
             shape = str(s.get("input_shape", "")).split("x")[2:]  # 1x3xHxW -> WxH like the camera column
             table.add_row(node, level, _fmt(s.get("hz")), _fmt(s.get("latency_p50_ms")), _fmt(s.get("latency_p95_ms")),
                           "x".join(reversed(shape)), str(s.get("camera_resolution", "")),
@@ -155,6 +161,7 @@ def summarize(recorder: DiagnosticsRecorder, duration: float, codes: dict[str, i
             "memory_budget_mb_last": last.get("memory_budget_mb"),  # 0 = unlimited; set by budget_manager
             "model_path": last.get("model_path"),
             "backend": last.get("backend"),
+            "cameras": _camera_counts(last),
         }
     return {
         "wall_s": duration,
@@ -165,6 +172,17 @@ def summarize(recorder: DiagnosticsRecorder, duration: float, codes: dict[str, i
                                        default=None),
         "exit_codes": codes,
     }
+
+
+def _camera_counts(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per camera of a multi-camera model node, its counters from the node's status values
+    (``camera.<name>.<counter>``); {} for a single-camera node."""
+    cameras: dict[str, dict[str, Any]] = defaultdict(dict)
+    for key, value in values.items():
+        prefix, _, counter = key.rpartition(".")
+        if prefix.startswith("camera.") and counter:
+            cameras[prefix.removeprefix("camera.")][counter] = value
+    return dict(sorted(cameras.items()))
 
 
 def plot(recorder: DiagnosticsRecorder, path: Path) -> None:
