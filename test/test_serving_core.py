@@ -4,7 +4,9 @@ A small segmentation model (a 1x1 convolution, test/_perception_models.py) behin
 "adapter" here is a few callbacks that record what the core tells them. Covers the newest-frame
 mailbox and its drop count, the budget split between frame buffers and the engine, a failing
 frame (ERROR status, the core keeps serving), a core swap on a parameter change and a refused
-one, the size-class announcements, and closing while the worker is stuck in a frame.
+one, the size-class announcements, and closing while the worker is stuck in a frame; and four
+cameras on one batching core: their frames run as one batch, each result goes back to its own
+camera, a silent camera holds nobody up, and a budget too small for the batch lowers it.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from _waiting import wait_for
 
 from dynnet_ros.budget.protocol import size_key
 from dynnet_ros.perception import Segmenter
+from dynnet_ros.perception.batch_budget import batch_need
 from dynnet_ros.perception.budget_split import FrameCosts
 from dynnet_ros.perception.mailbox import Arrival, Mailbox
 from dynnet_ros.perception.serving import CAMERA, Decoded, FrameInfo, ServingCore, ServingTask
@@ -51,6 +54,9 @@ class Adapter:
 
     def __init__(self) -> None:
         self.outcomes: list[tuple[str, int, str]] = []   # (source, stamp, outcome)
+        self.batches: list[list[tuple[str, int, str, tuple[int, ...]]]] = []   # (source, stamp, frame_id, mask shape)
+        self.engine_runs: list[int] = []   # per batch: the engine runs its core.batch took
+        self.compare = True   # check each result against the frame run alone (an engine run of its own)
         self.served: list[tuple[int, int]] = []          # (stamp, id of the core that ran it)
         self.statuses = 0
         self.gate: threading.Event | None = None         # set: frames wait on it inside serve
@@ -65,10 +71,14 @@ class Adapter:
         self.in_frame.set()
         if self.gate is not None:
             self.gate.wait()
-        for frame, rgb in zip(frames, rgbs):
-            result = core(rgb)
-            assert result.mask.shape == rgb.shape[:2]
+        runs = core.engine.engine_stats().runs
+        results = core.batch(rgbs)
+        self.engine_runs.append(core.engine.engine_stats().runs - runs)
+        for frame, rgb, result in zip(frames, rgbs, results):
+            if self.compare:
+                np.testing.assert_array_equal(result.mask, core(rgb).mask)   # as the frame alone
             self.served.append((frame.stamp_ns, id(core)))
+        self.batches.append([(f.source, f.stamp_ns, f.frame_id, r.mask.shape) for f, r in zip(frames, results)])
 
     def outcome(self, arrival: Arrival, what: str) -> None:
         self.outcomes.append((arrival.source, arrival.stamp_ns, what))
@@ -96,8 +106,8 @@ class Profile:
         return size in self.sizes
 
 
-def _model(tmp_path: Path, name: str = "seg.onnx") -> str:
-    return pixel_map(tmp_path / name, WEIGHTS, BIAS, sigmoid=True)
+def _model(tmp_path: Path, name: str = "seg.onnx", batch: int | str = 1) -> str:
+    return pixel_map(tmp_path / name, WEIGHTS, BIAS, sigmoid=True, input_dims=(batch, 3, "H", "W"))
 
 
 def _build(path: str, params: dict[str, Any], budget: float | None) -> Segmenter:
@@ -114,13 +124,14 @@ def _check(merged: dict[str, Any], updates: dict[str, Any]) -> None:
 def serving(tmp_path):
     cores: list[tuple[ServingCore, Adapter, Profile]] = []
 
-    def make(**params: Any) -> tuple[ServingCore, Adapter, Profile]:
+    def make(sources: list[str] | None = None, **params: Any) -> tuple[ServingCore, Adapter, Profile]:
         adapter, profile = Adapter(), Profile()
         task = ServingTask("lane", _build, adapter.decode, adapter.serve, _check, ("classes",),
                            {"classes": [""], "model_format": "auto"}, COSTS)
-        core = ServingCore(task, {**PARAMS, "model_path": _model(tmp_path), **params},
+        model = _model(tmp_path, "batched.onnx", "B") if sources else _model(tmp_path)
+        core = ServingCore(task, {**PARAMS, "model_path": model, **params},
                            logging.getLogger("test_serving_core"), name="serving_test",
-                           outcome=adapter.outcome, status_changed=adapter.changed)
+                           outcome=adapter.outcome, status_changed=adapter.changed, sources=sources)
         core.start(profile)
         cores.append((core, adapter, profile))
         return core, adapter, profile
@@ -254,3 +265,70 @@ def test_closing_an_idle_core_frees_its_engine(serving):
     core, _, _ = serving()
     core.close()
     assert core.unfinished_work() == [] and core.core in ClosingSegmenter.closed
+
+
+CAMERAS = ["front", "left", "right", "rear"]
+SIZES = {"front": (64, 96), "left": (48, 64), "right": (80, 96), "rear": (64, 80)}   # (height, width)
+
+
+def _offer_all(core: ServingCore, cameras: list[str], stamp: int) -> None:
+    for i, cam in enumerate(cameras):
+        core.offer(cam, stamp + i, f"{cam}_optical", frame(*SIZES[cam]))
+
+
+def test_four_cameras_run_as_one_batch_and_each_result_goes_back_to_its_camera(serving):
+    core, adapter, _ = serving(sources=CAMERAS, batch_window_ms=50.0)
+    assert core.model_batch() > 4 and core.batch_limit() == 4
+    adapter.gate = threading.Event()
+    core.offer("front", 1, "front_optical", frame(*SIZES["front"]))
+    wait_for(adapter.in_frame.is_set, 30, "the worker in its first batch")
+    _offer_all(core, CAMERAS, 10)   # all four wait while the worker is busy
+    adapter.gate.set()
+    wait_for(lambda: len(adapter.batches) == 2, 30, "the four cameras' batch")
+    assert adapter.batches[1] == [(cam, 10 + i, f"{cam}_optical", SIZES[cam]) for i, cam in enumerate(CAMERAS)]
+    assert adapter.engine_runs == [1, 1]   # one engine run for the four frames
+    values = core.status().values
+    assert values["batch_size_last"] == 4 and values["input_shape"].startswith("4x3x")
+    assert all(values[f"camera.{cam}.processed"] == (2 if cam == "front" else 1) for cam in CAMERAS)
+    assert core.camera_status("left").level == "ok"
+
+    for round_ in range(3):   # rear falls silent: the other three are still served, as batches of three
+        _offer_all(core, CAMERAS[:3], 100 * (round_ + 1))
+        wait_for(lambda n=3 + round_: len(adapter.batches) == n, 30, f"round {round_} without the rear camera")
+        assert [(src, stamp) for src, stamp, _, _ in adapter.batches[-1]] == \
+            [(cam, 100 * (round_ + 1) + i) for i, cam in enumerate(CAMERAS[:3])]
+    assert outcomes(adapter, "processed").count(13) == 1 and core.status().values["camera.rear.received"] == 1
+    assert core.cameras["front"].frames.processed == 5 and core.stats.processed == 1 + 4 + 3 * 3
+    latencies = [core.stats.percentiles()[1], *(core.cameras[cam].frames.percentiles()[1] for cam in CAMERAS)]
+    assert all(0 < ms < 60_000 for ms in latencies)   # milliseconds of this test, not of the clock's epoch
+
+
+def _round(core: ServingCore, stamp: int, height: int, width: int) -> None:
+    """One frame from every camera, all of one size, served."""
+    done = core.stats.processed + len(CAMERAS)
+    for i, cam in enumerate(CAMERAS):
+        core.offer(cam, stamp + i, f"{cam}_optical", frame(height, width))
+    wait_for(lambda: core.stats.processed >= done, 60, f"the round stamped {stamp} served")
+
+
+def test_a_budget_too_small_for_the_batch_lowers_it_and_says_so(serving):
+    core, adapter, _ = serving(sources=CAMERAS, batch_window_ms=200.0)
+    adapter.compare = False   # the engine's last run is the batch's
+    height, width = SIZES["front"]
+    _round(core, 0, height, width)   # unlimited: whole batches
+    needs = {b: batch_need(core.core, COSTS, b, height, width, 4, height * width * 3).need_mb for b in (1, 2, 3, 4)}
+    assert needs[1] < needs[2] < needs[3] < needs[4]
+    budget = round((needs[2] + needs[3]) / 2, 3)   # holds two frames per run, not three
+    core.apply({"memory_budget_mb": budget})   # the engine ran four frames: taken by lowering the batch
+    status = core.status()
+    assert status.level == "warn" and status.message.startswith(f"batches of 2, not 4: memory_budget_mb {budget:g}")
+    assert core.params["memory_budget_mb"] == budget
+    assert status.values["batch_limit"] == 2 and status.values["batch_formed"] == 4
+    before = len(adapter.batches)
+    for stamp in (100, 200):
+        _round(core, stamp, height, width)
+    assert adapter.batches[before:] and all(len(batch) <= 2 for batch in adapter.batches[before:])
+    assert core.split.over_budget(core.engine, budget) is None   # within it at two frames per run
+    core.apply({"memory_budget_mb": 0.0})
+    _round(core, 300, height, width)
+    assert core.status().level == "ok" and core.batch_budget.cap is None

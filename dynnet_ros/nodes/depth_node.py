@@ -148,10 +148,12 @@ class DepthNode(ModelNode[DepthEstimator]):
         if not core.format.relative:  # read per batch: a change takes effect without reloading the model
             core.depth_scale = float(self.params["depth_scale"])
         core.max_depth_m = float(self.params["max_depth_m"])
-        for frame, rgb in zip(frames, rgbs):
+        lidars: list[tuple[np.ndarray, np.ndarray] | None] = []
+        for frame in frames:
             k = self.intrinsics_for(frame)
             points = self._camera_points(frame) if k is not None else None
-            depth = core(rgb, points, k) if points is not None else core(rgb)
+            lidars.append((points, k) if points is not None and k is not None else None)
+        for frame, depth in zip(frames, core.batch(rgbs, lidars)):
             self._lidar_in_view = depth.lidar_points
             self._fit = depth.fit
             outputs: DepthOutputs = self.outputs[frame.source]

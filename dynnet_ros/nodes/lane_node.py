@@ -83,8 +83,7 @@ class LaneNode(ModelNode[Segmenter]):
 
     def infer(self, frames: list[FrameInfo], rgbs: list[np.ndarray], core: Segmenter) -> None:
         threshold = np.float32(self.params["lane_threshold"])  # applies per frame, no reload
-        for frame, rgb in zip(frames, rgbs):
-            result = core(rgb)
+        for frame, result in zip(frames, core.batch(rgbs)):
             if result.probability is not None:
                 mask = np.greater_equal(result.probability, threshold).view(np.uint8)
             else:

@@ -101,8 +101,7 @@ class PedestrianNode(ModelNode[Detector]):
         core.score_threshold = float(self.params["score_threshold"])
         core.nms_iou = float(self.params["nms_iou"])
         core.max_detections = int(self.params["max_detections"])
-        for frame, rgb in zip(frames, rgbs):
-            detections = core(rgb)
+        for frame, detections in zip(frames, core.batch(rgbs)):
             self._last_count = len(detections)
             k = self.intrinsics_for(frame)
             if k is None:

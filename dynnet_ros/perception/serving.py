@@ -35,6 +35,7 @@ from dynnet_ros.budget.protocol import BUDGET_PARAM, OWNER_PARAM, size_key
 from dynnet_ros.bytesize import to_mb
 from dynnet_ros.engine.engine import Engine
 from dynnet_ros.memtrim import release_memory
+from dynnet_ros.perception.batch_budget import BatchBudget
 from dynnet_ros.perception.batching import BatchPolicy
 from dynnet_ros.perception.budget_split import BudgetSplit, FrameCosts
 from dynnet_ros.perception.core import PerceptionCore
@@ -53,8 +54,9 @@ ENGINE_PARAMS = ("model_path", "model_format", "backend", "threads", "max_input_
 #: parameters that describe the model loaded (its export format, its class names): a model switch
 #: may need them changed in the same request
 MODEL_BOUND_PARAMS = ("model_format", "classes", "labels_file", "output_name")
-#: parameters whose change re-computes the minimums announced per input size class
-ANNOUNCE_PARAMS = ("camera_sizes", "max_input_side")
+#: parameters whose change re-computes the minimums announced per input size class (at the
+#: largest batch the node forms)
+ANNOUNCE_PARAMS = ("camera_sizes", "max_input_side", "batch_window_ms", "max_batch")
 #: How long closing waits for the worker to finish its frame or budget change: with the rest of
 #: a node's shutdown (nodes/base.run_node) it stays inside the stop signal's SHUTDOWN_DEADLINE_S,
 #: so a slow frame at a stop is left unfinished instead of being reported as a hang
@@ -172,6 +174,7 @@ class ServingCore:
                                   lambda exc: log.error("".join(traceback.format_exception(exc))), f"{name}-worker",
                                   self._batching)
         self.last_batch = 0   # frames in the last batch served
+        self.batch_budget = BatchBudget(task.costs, status_changed, log.warning, name)
         self.last_error: str | None = None
         self.rejected: str | None = None   # the last change refused (the old core kept serving)
         self._last_input_shape: list[int] | None = None
@@ -196,7 +199,7 @@ class ServingCore:
     def start(self, profile: ProfileSink) -> None:
         """Announce the size classes to ``profile`` and start serving frames."""
         self.sizes = SizeClasses(profile, self.task.costs, self._alive, self.log.info, self.log.warning, self.name)
-        self.sizes.announce(self.core, self.params["camera_sizes"])
+        self.sizes.announce(self.core, self.params["camera_sizes"], self.batch_limit(), len(self.sources))
         self.worker.start()
         self._log_core(self.core, "loaded")
 
@@ -217,13 +220,21 @@ class ServingCore:
             self._outcome(replaced, "dropped")
 
     def _batching(self) -> tuple[BatchPolicy, int]:
-        """The worker's batch policy and the largest batch now (1 with one camera)."""
+        """The worker's batch policy and the largest batch now: ``batch_limit``, lowered to
+        what the memory budget holds (1 with one camera)."""
         policy = BatchPolicy.from_params(self.params)
-        return policy, policy.limit(len(self.sources), self.batch_capacity())
+        limit, cap = policy.limit(len(self.sources), self.model_batch()), self.batch_budget.cap
+        return policy, limit if cap is None else min(limit, cap)
 
-    def batch_capacity(self) -> int:
-        """The most frames the core runs as one batch."""
-        return 1
+    def model_batch(self) -> int:
+        """The most frames the core runs as one batch: its model's ``max_batch``, 1 while mapped
+        stages run it (their early exits decide per frame)."""
+        core = self.core
+        return 1 if core.runner is not None else core.max_batch
+
+    def batch_limit(self) -> int:
+        """The largest batch the node forms, budget aside: what its budgets are announced for."""
+        return BatchPolicy.from_params(self.params).limit(len(self.sources), self.model_batch())
 
     def _serve(self, arrivals: list[Arrival]) -> None:
         """Run one batch. Each payload is taken out of its arrival: the worker holds the only
@@ -259,10 +270,18 @@ class ServingCore:
             return
         try:
             boxes = [self.core.preprocess.plan(frame.height, frame.width) for frame in frames]
-            # takes the split's lock: not under the frame lock
-            self.split.charge_frames(self.engine, lambda: self.params["memory_budget_mb"], messages, boxes)
-            with self.lock:
-                self.task.serve(frames, rgbs, self.core)
+            largest = max(range(len(frames)), key=lambda i: boxes[i].pad_h * boxes[i].pad_w)
+            self.batch_budget.update(self.core, self.params["memory_budget_mb"], self.batch_limit(),
+                                     frames[largest].height, frames[largest].width, len(self.sources),
+                                     max(size for _, size in messages))
+            cap = self.batch_budget.cap or len(frames)   # a budget lowered after the batch formed
+            for first in range(0, len(frames), cap):
+                chunk = slice(first, first + cap)
+                # takes the split's lock: not under the frame lock
+                self.split.charge_frames(self.engine, lambda: self.params["memory_budget_mb"], messages[chunk],
+                                         boxes[chunk])
+                with self.lock:
+                    self.task.serve(frames[chunk], rgbs[chunk], self.core)
         except Exception as exc:  # noqa: BLE001 - inference failure: ERROR status, keep serving
             self._frame_failed(taken, exc)
             return
@@ -275,7 +294,8 @@ class ServingCore:
             self._outcome(arrival, "processed")
         self.last_batch = len(taken)
         letterbox, frame = max(zip(boxes, frames), key=lambda pair: pair[0].pad_h * pair[0].pad_w)
-        self._last_input_shape = [min(len(taken), self.batch_capacity()), 3, letterbox.pad_h, letterbox.pad_w]
+        run = min(len(taken), self.model_batch(), self.batch_budget.cap or len(taken))   # frames per engine run
+        self._last_input_shape = [run, 3, letterbox.pad_h, letterbox.pad_w]
         self._last_camera = (frame.width, frame.height)
         size = size_key(letterbox.pad_h, letterbox.pad_w)
         if self.sizes is not None:
@@ -389,7 +409,7 @@ class ServingCore:
             elif changed & {"exit_threshold", "deadline_ms"} and self.mapped.executor is not None:
                 tune(self.mapped.executor, MappedSettings.from_params(merged))
             elif BUDGET_PARAM in changed:
-                self.split.set_budget(self.engine, merged[BUDGET_PARAM], lambda: self._commit_budget(merged))
+                self._set_budget(merged)
         except ValueError as exc:
             if new_core is not None:
                 new_core.close()
@@ -415,11 +435,22 @@ class ServingCore:
             release_memory()
             self._log_core(new_core, "switched to")
         if self.sizes is not None and (new_core is not None or changed & set(ANNOUNCE_PARAMS)):
-            self.sizes.announce(self.core, merged["camera_sizes"])
+            self.sizes.announce(self.core, merged["camera_sizes"], self.batch_limit(), len(self.sources))
         if merged[OWNER_PARAM] and merged[OWNER_PARAM] != previous_owner:
             hand = f"; the {previous_budget:g} MB set by hand no longer applies" if previous_budget else ""
             self.log.info(f"{BUDGET_PARAM} is assigned by the budget manager {merged[OWNER_PARAM]} "
                           f"from now on ({merged[BUDGET_PARAM]:g} MB){hand}")
+
+    def _set_budget(self, merged: dict[str, Any]) -> None:
+        """A new node budget for the running core. One the engine refuses at the batch it runs
+        but holds at a smaller one is taken with the batch lowered (WARN status): the engine
+        gets its share from the next smaller batch's charge (``BudgetSplit.charge_frames``)."""
+        try:
+            self.split.set_budget(self.engine, merged[BUDGET_PARAM], lambda: self._commit_budget(merged))
+        except ValueError:
+            if not self.batch_budget.refit(merged[BUDGET_PARAM]):
+                raise
+            self._commit_budget(merged)
 
     def _commit_budget(self, merged: dict[str, Any]) -> None:
         with self.lock:
@@ -458,6 +489,8 @@ class ServingCore:
             level, message = "error", auto.error
         elif not params["enabled"]:
             level, message = "ok", "disabled (enabled=false)"
+        elif self.batch_budget.reason:
+            level, message = "warn", self.batch_budget.reason
         elif self.stats.processed == 0:
             level, message = "warn", ("waiting for /camera/image_raw" if not self.per_camera else
                                       f"waiting for the cameras' frames ({', '.join(self.sources)})")
@@ -496,6 +529,8 @@ class ServingCore:
             values["cameras"] = ",".join(self.sources)
             values["batch_size_last"] = self.last_batch
             values["batch_limit"] = self._batching()[1]
+            values["batch_formed"] = self.batch_limit()
+            values["model_max_batch"] = self.model_batch()
             for source, counters in self.cameras.items():
                 values.update({f"camera.{source}.{key}": value for key, value in counters.values().items()})
         values.update(extra or {})

@@ -29,23 +29,24 @@ class ProfileSink(Protocol):
 
 
 def announced_minimums(core: PerceptionCore, camera_sizes: Iterable[str], costs: FrameCosts,
-                       skipped: Callable[[str], None]) -> dict[str, float]:
+                       skipped: Callable[[str], None], batch: int = 1, cameras: int = 1) -> dict[str, float]:
     """The minimum budget per input size class for the cameras in ``camera_sizes`` ("WxH"): the
-    engine's minimum at that input size plus the frame buffers for it, with camera messages at
-    the largest of those sizes (messages are charged at the largest size seen lately,
+    engine's minimum at that input size and ``batch`` frames per run (the largest batch the node
+    forms) plus the frame buffers for them, with each of ``cameras`` cameras' messages at the
+    largest of those sizes (messages are charged at the largest size seen lately,
     ``budget_split.MESSAGE_HOLD_S``). A class the engine cannot size is left to be measured
     (``skipped`` gets the reason)."""
-    cameras = [parse_resolution(text) for text in camera_sizes]
-    message_bytes = max((w * h * 3 for w, h in cameras), default=0)
+    sizes = [parse_resolution(text) for text in camera_sizes]
+    message_bytes = max((w * h * 3 for w, h in sizes), default=0)
     out: dict[str, float] = {}
-    for width, height in cameras:
+    for width, height in sizes:
         box = core.preprocess.plan(height, width)
         try:
-            engine_mb = core.engine.min_budget_mb(core.input_shapes(height, width))
+            engine_mb = core.min_budget_mb_at(height, width, batch)
         except ValueError as exc:
             skipped(f"no announced minimum for {width}x{height} frames: {exc}")
             continue
-        mb = engine_mb + costs.frame_bytes(message_bytes, box).total_mb
+        mb = engine_mb + costs.batch_bytes([message_bytes] * cameras, [box] * batch).total_mb
         key = size_key(box.pad_h, box.pad_w)
         out[key] = max(mb, out.get(key, 0.0))
     return out
@@ -61,13 +62,14 @@ class SizeClasses:
         self._info, self._warn, self._name = info, warn, name
         self._publishing = threading.Lock()   # held while a new size class's profile goes out
 
-    def announce(self, core: PerceptionCore, camera_sizes: list[str]) -> None:
-        """Compute ``announced_minimums`` on a thread of its own and publish them once known."""
+    def announce(self, core: PerceptionCore, camera_sizes: list[str], batch: int = 1, cameras: int = 1) -> None:
+        """Compute ``announced_minimums`` (at ``batch`` frames per run, ``cameras`` cameras) on a
+        thread of its own and publish them once known."""
         engine = core.engine
 
         def work() -> None:
             try:
-                minimums = announced_minimums(core, camera_sizes, self._costs, self._info)
+                minimums = announced_minimums(core, camera_sizes, self._costs, self._info, batch, cameras)
             except Exception as exc:  # noqa: BLE001 — announcing is advisory; measured sizes still count
                 if self._alive():
                     self._warn(f"size-class minimums not announced: {exc}")
