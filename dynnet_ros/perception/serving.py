@@ -222,19 +222,20 @@ class ServingCore:
     def _batching(self) -> tuple[BatchPolicy, int]:
         """The worker's batch policy and the largest batch now: ``batch_limit``, lowered to
         what the memory budget holds (1 with one camera)."""
-        policy = BatchPolicy.from_params(self.params)
-        limit, cap = policy.limit(len(self.sources), self.model_batch()), self.batch_budget.cap
-        return policy, limit if cap is None else min(limit, cap)
+        limit, cap = self.batch_limit(), self.batch_budget.cap
+        return BatchPolicy.from_params(self.params), limit if cap is None else min(limit, cap)
 
     def model_batch(self) -> int:
-        """The most frames the core runs as one batch: its model's ``max_batch``, 1 while mapped
-        stages run it (their early exits decide per frame)."""
-        core = self.core
-        return 1 if core.runner is not None else core.max_batch
+        """The most frames the core runs as one batch now (``PerceptionCore.frames_per_run``)."""
+        return self.core.frames_per_run
 
     def batch_limit(self) -> int:
-        """The largest batch the node forms, budget aside: what its budgets are announced for."""
-        return BatchPolicy.from_params(self.params).limit(len(self.sources), self.model_batch())
+        """The largest batch the node forms, budget aside: what its budgets are announced for.
+        The model's own limit is asked only where the policy would form batches (deciding it
+        follows the batch axis through the graph)."""
+        cameras = len(self.sources)
+        wanted = BatchPolicy.from_params(self.params).limit(cameras, cameras)
+        return wanted if wanted <= 1 else min(wanted, self.model_batch())
 
     def _serve(self, arrivals: list[Arrival]) -> None:
         """Run one batch. Each payload is taken out of its arrival: the worker holds the only
@@ -294,7 +295,8 @@ class ServingCore:
             self._outcome(arrival, "processed")
         self.last_batch = len(taken)
         letterbox, frame = max(zip(boxes, frames), key=lambda pair: pair[0].pad_h * pair[0].pad_w)
-        run = min(len(taken), self.model_batch(), self.batch_budget.cap or len(taken))   # frames per engine run
+        run = len(taken) if len(taken) == 1 else \
+            min(len(taken), self.model_batch(), self.batch_budget.cap or len(taken))   # frames per engine run
         self._last_input_shape = [run, 3, letterbox.pad_h, letterbox.pad_w]
         self._last_camera = (frame.width, frame.height)
         size = size_key(letterbox.pad_h, letterbox.pad_w)
