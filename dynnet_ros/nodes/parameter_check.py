@@ -40,7 +40,8 @@ DECLARED: dict[str, list[ParamSpec]] = {
     "depth_node": depth_node.PARAMETERS,
     "budget_manager": budget_manager.PARAMETERS,
 }
-#: parameters a node declares once per camera of its ``cameras`` parameter, as ``<camera name>.<parameter>``
+#: model nodes' parameters declared once per camera of their ``cameras`` parameter, as
+#: ``<camera name>.<parameter>`` (the camera's name from ``camera_inputs``)
 PER_CAMERA: dict[str, list[ParamSpec]] = {"depth_node": depth_node.CAMERA_PARAMETERS}
 
 
@@ -70,7 +71,8 @@ DECLARED_FOR: dict[str, Callable[[dict[str, Any]], list[ParamSpec]]] = {
 def declared_for(executable: str, parameters: dict[str, Any]) -> list[ParamSpec]:
     """What a node of ``executable`` started with ``parameters`` declares."""
     specs = DECLARED_FOR.get(executable)
-    return specs(parameters) if specs is not None else DECLARED[executable]
+    declared = specs(parameters) if specs is not None else DECLARED[executable]
+    return [*declared, *camera_specs(executable, parameters).values()]
 
 
 def parameter_problems(graph: GraphConfig) -> list[str]:
@@ -78,7 +80,6 @@ def parameter_problems(graph: GraphConfig) -> list[str]:
     problems = []
     for node in graph.nodes:
         specs = {spec.name: spec for spec in declared_for(node.executable, node.parameters)}
-        specs.update(camera_specs(node.executable, node.parameters))
         for name, value in nest_qos_overrides(node.parameters).items():
             spec = specs.get(name)
             if name == QOS_OVERRIDES and node.executable in QOS_ENTITIES:
