@@ -181,3 +181,33 @@ def test_budgeted_detector_streams_weights_and_detects_the_same():
     np.testing.assert_allclose(budgeted.boxes_xyxy, free.boxes_xyxy, atol=1e-3)
     np.testing.assert_allclose(budgeted.scores, free.scores, atol=1e-5)
     det.close()
+
+
+@needs_photos
+@pytest.mark.skipif(not DETECTOR.available(), reason=DETECTOR.skip_reason)
+def test_real_exports_batch_their_frames():
+    """The Ultralytics export names its batch axis ``batch`` in and out: photographs of one size
+    in one run give each photograph's own detections."""
+    with Detector(str(DETECTOR.path()), score_threshold=0.05) as det:
+        assert det.max_batch > 1
+        size = PHOTOS[0][1].shape
+        same = [rgb for _, rgb in PHOTOS if rgb.shape == size][:3] or [PHOTOS[0][1]]
+        batch = [*same, same[0][::-1].copy()]
+        runs = det.engine.engine_stats().runs
+        together = det.batch(batch)
+        assert det.engine.engine_stats().runs == runs + 1
+        for rgb, batched in zip(batch, together):
+            alone = det(rgb)
+            np.testing.assert_array_equal(batched.class_ids, alone.class_ids)
+            np.testing.assert_allclose(batched.boxes_xyxy, alone.boxes_xyxy, atol=1e-2)
+            np.testing.assert_allclose(batched.scores, alone.scores, atol=1e-4)
+
+
+@pytest.mark.skipif(not TEXT.available(), reason=TEXT.skip_reason)
+def test_renamed_output_batch_axis_is_proven_the_input_s():
+    """paddle2onnx names the output's batch axis apart from the input's (``p2o.DynamicDimension.3``
+    vs ``.0``): RDP proves them equal, so the text detector batches."""
+    with Segmenter(str(TEXT.path()), "binary") as seg:
+        out, image = seg.info.outputs[0].dims[0], seg.info.inputs[0].dims[0]
+        assert isinstance(out, str) and isinstance(image, str) and out != image
+        assert seg.max_batch > 1

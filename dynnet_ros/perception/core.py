@@ -105,9 +105,8 @@ class PerceptionCore(Generic[F]):
 
     def _prepare_batch(self, frames: Sequence[np.ndarray]) -> tuple[np.ndarray, list[Letterbox]]:
         """One input tensor for ``frames``: each letterboxed as it would be alone, then padded to
-        the largest padded size among them, so every frame keeps its own scale."""
-        for frame in frames:
-            check_frame(frame)
+        the largest padded size among them, so every frame keeps its own scale. ``frames``:
+        checked by ``check_frames``."""
         alone = [self.preprocess.plan(frame.shape[0], frame.shape[1]) for frame in frames]
         pad_h, pad_w = max(box.pad_h for box in alone), max(box.pad_w for box in alone)
         boxes = [box.padded_to(pad_h, pad_w, self.preprocess.center) for box in alone]
