@@ -1,6 +1,8 @@
 """One live lane node (real rclpy, its own process, the zoo's lane model) serving four cameras:
 every camera's masks come back on its own namespace with its own frame's header, each camera has
-its own diagnostic status, and a camera that stops publishing leaves the other three served."""
+its own diagnostic status, and a camera that stops publishing leaves the other three served.
+Then model nodes built in this process: compressed cameras' topics, and the depth node's
+per-camera extrinsics."""
 from __future__ import annotations
 
 import os
@@ -10,9 +12,12 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
+import rclpy
 from _lane_client import lane_node
 from _waiting import wait_for
 from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.context import Context
+from rclpy.parameter import Parameter
 from rclpy.parameter_client import AsyncParameterClient
 from rclpy.qos import qos_profile_sensor_data
 from rclpy.time import Time
@@ -20,8 +25,11 @@ from sensor_msgs.msg import Image
 from std_msgs.msg import Header
 
 from dynnet_ros.nodes.background import BackgroundNode
+from dynnet_ros.nodes.base import close_node
 from dynnet_ros.nodes.convert import array_to_image
+from dynnet_ros.nodes.depth_node import DepthNode
 from dynnet_ros.nodes.diagnostics import level_value, status_values
+from dynnet_ros.nodes.pedestrian_node import PedestrianNode
 
 NS = f"/multicam_{os.getpid()}"
 CAMERAS = ("front", "left", "right", "rear")
@@ -133,3 +141,52 @@ def test_a_camera_that_stops_leaves_the_others_served(cameras):
                                           lambda lv, msg, v: msg.startswith("no frame for")), 30,
                     "the silent camera's warning")
     assert rear[0] == 1   # WARN
+
+
+def _in_process(node_class, context: Context, *params: str):
+    """A model node in this process on ``context``, with ``params`` (``-p`` arguments)."""
+    args = ["--ros-args", "-r", f"__ns:={NS}_inproc", "-p", "threads:=1", "-p", "camera_sizes:=[160x120]"]
+    for param in params:
+        args += ["-p", param]
+    return node_class(context=context, cli_args=args, use_global_arguments=False)
+
+
+@pytest.fixture()
+def context():
+    ctx = Context()
+    rclpy.init(context=ctx)
+    yield ctx
+    ctx.try_shutdown()
+
+
+def test_compressed_cameras_subscribe_under_each_namespace_and_publish_there(context):
+    node = _in_process(PedestrianNode, context, "image_transport:=compressed",
+                       "cameras:=[front, /cams/left/image_color]")
+    try:
+        subscribed = {sub.topic_name for sub in node.subscriptions}
+        assert {f"{NS}_inproc/front/image_raw/compressed", "/cams/left/image_color/compressed",
+                f"{NS}_inproc/front/camera_info", "/cams/left/camera_info"} <= subscribed
+        assert not any(topic.endswith("camera/image_raw/compressed") for topic in subscribed)
+        published = {pub.topic_name for pub in node.publishers}
+        assert {f"{NS}_inproc/front/pedestrian/markers", "/cams/left/pedestrian/markers"} <= published
+        assert f"{NS}_inproc/pedestrian/markers" not in published
+        assert node.frames.topics == {"front": f"{NS}_inproc/front/image_raw/compressed",
+                                      "cams_left": "/cams/left/image_color/compressed"}
+    finally:
+        close_node(node)
+
+
+def test_the_depth_node_declares_each_cameras_extrinsic(context):
+    front = [0.0, -0.3, 0.2, 0.0, -1.5, 1.5]
+    node = _in_process(DepthNode, context, "cameras:=[front, left]",
+                       f"front.lidar_to_camera:=[{', '.join(map(str, front))}]")
+    try:
+        assert node.params["front.lidar_to_camera"] == front
+        assert node.params["left.lidar_to_camera"] == node.params["lidar_to_camera"]   # the default
+        assert node.describe_parameter("left.lidar_to_camera").description.startswith("That camera's extrinsic.")
+        result = node.set_parameters_atomically([Parameter("left.lidar_to_camera", value=[0.0, 1.0])])
+        assert not result.successful and "lidar_to_camera" in result.reason
+        assert node.set_parameters_atomically([Parameter("left.lidar_to_camera", value=front)]).successful
+        assert node.params["left.lidar_to_camera"] == front
+    finally:
+        close_node(node)
