@@ -33,7 +33,14 @@ from dynnet_ros.bags.scenes import (
 )
 from dynnet_ros.bags.writer import BagWriter, TopicQos, check_output, standard_typestore
 from dynnet_ros.nodes.convert import array_to_image, cloud_to_xyzi, image_to_array, xyzi_to_cloud
-from dynnet_ros.sim.frames import SimSettings, camera_info_fields, parse_resolution, render_frame
+from dynnet_ros.sim.frames import (
+    SimSettings,
+    camera_info_fields,
+    parse_resolution,
+    render_frame,
+    render_image,
+    scan_points,
+)
 
 #: small frames, a resolution switch every 2 frames: the schedule shows within a few frames
 SMALL = SimSettings(rate_hz=5.0, resolutions=("64x48", "96x64"), resolution_period_s=0.4, lidar_azimuth_steps=64)
@@ -216,3 +223,29 @@ def test_the_sim_command(tmp_path, capsys):
     assert read_rosbags(out) == read_rosbags(same)
     assert cli.main(["sim", "--record", str(out), "--frames", "1"]) == 2  # exists: not overwritten
     assert "exists already" in capsys.readouterr().err
+
+
+def test_the_sim_command_records_several_cameras_of_one_scene(tmp_path):
+    """`dynnet sim --cameras 4`: each camera's CameraInfo and image under its name and frame_id,
+    one stamp per frame for all of them and the LiDAR, which covers every camera; each camera's
+    image is what that camera of the live simulator renders."""
+    out, report = tmp_path / "rig.mcap", tmp_path / "rig.json"
+    assert cli.main(["sim", "--record", str(out), "--frames", "3", "--rate", "5", "--resolutions", "64x48",
+                     "--cameras", "4", "--json", str(report)]) == 0
+    names = ("front", "left", "right", "rear")
+    data = json.loads(report.read_text())
+    assert data["cameras"] == {"front": 0.0, "left": 90.0, "right": -90.0, "rear": 180.0}
+    expected = {f"/{n}/{kind}": 3 for n in names for kind in ("image_raw", "camera_info")} | {"/lidar/points": 3}
+    assert {topic: entry["messages"] for topic, entry in data["topics"].items()} == expected
+    messages = decoded_rosbags(out)
+    settings = SimSettings(rate_hz=5.0, resolutions=("64x48",))
+    for name, yaw in data["cameras"].items():
+        images = [msg for topic, _, msg in messages if topic == f"/{name}/image_raw"]
+        assert {msg.header.frame_id for msg in images} == {f"{name}_optical_frame"}
+        for index, msg in enumerate(images):
+            assert stamp_ns(msg.header.stamp) == DEFAULT_START_NS + index * 200_000_000
+            assert np.array_equal(image_to_array(msg), render_image(settings, index, index / 5.0, yaw).image)
+    clouds = [msg for topic, _, msg in messages if topic == "/lidar/points"]
+    points = cloud_to_xyzi(clouds[0])
+    assert np.array_equal(points, scan_points(settings, 0, 0.0, (0.0, 90.0, -90.0, 180.0)))
+    assert (points[:, 0] < -1.0).any() and (points[:, 1] > 1.0).any()  # behind and to the left, too

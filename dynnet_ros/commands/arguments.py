@@ -22,6 +22,7 @@ from dynnet_ros.engine.modelio.models import input_specs, load_model
 from dynnet_ros.mapper.runtime_cache import read_costs_file
 from dynnet_ros.mapper.system_model import RuntimeCosts
 from dynnet_ros.sim.frames import parse_resolution
+from dynnet_ros.sim.rig import DEMO_CAMERAS
 from dynnet_ros.zoo import MODEL_NAMES
 
 #: Model inputs the nodes feed are padded to multiples of this (``ModelNode.input_multiple``);
@@ -226,3 +227,11 @@ def check_input_shapes(model_path: str, shapes: list[tuple[str, tuple[int, ...]]
             axis, want, got = fixed[0]
             raise CommandError(f"argument --input-shape: {name} dim {axis} is fixed at {want} "
                                f"({spec.describe()}), got {got}")
+
+
+def camera_count(text: str) -> int:
+    """How many simulated cameras (1..8: ``sim.rig.DEMO_CAMERAS`` in order)."""
+    count = positive_int(text)
+    if count > len(DEMO_CAMERAS):
+        raise _Error(f"simulate 1 to {len(DEMO_CAMERAS)} cameras, got {count}")
+    return count

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 #: the camera of a simulator with no ``cameras`` listed (topics camera/image_raw, camera/camera_info)
 SINGLE_CAMERA = "camera"
@@ -52,3 +53,24 @@ def demo_cameras(count: int) -> list[str]:
     if not 1 <= count <= len(DEMO_CAMERAS):
         raise ValueError(f"the demo simulates 1 to {len(DEMO_CAMERAS)} cameras, got {count}")
     return list(DEMO_CAMERAS[:count])
+
+
+@dataclass(frozen=True)
+class SimCamera:
+    """One simulated camera: its name (topics NAME/image_raw, NAME/camera_info; frame_id
+    NAME_optical_frame) and where it looks."""
+
+    name: str
+    yaw_deg: float
+
+    @property
+    def frame_id(self) -> str:
+        return f"{self.name}_optical_frame"
+
+
+def rig_cameras(names: Sequence[str]) -> list[SimCamera]:
+    """The cameras ``names`` at their default yaws; ValueError for names the simulator refuses."""
+    problem = check_camera_names(names)
+    if problem:
+        raise ValueError(problem)
+    return [SimCamera(name, default_yaw(name, index, len(names))) for index, name in enumerate(names)]

@@ -22,14 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="play this bag in a loop instead of running the simulator (as `dynnet replay --loop`)")
     parser.add_argument("--namespace", type=arguments.ros_namespace, default="", metavar="NS",
                         help="run the graph under this ROS namespace (as `dynnet up --namespace`)")
-    parser.add_argument("--cameras", type=camera_count, default=1, metavar="N",
+    parser.add_argument("--cameras", type=arguments.camera_count, default=1, metavar="N",
                         help="simulate N cameras (1-8: front, left, right, rear, front_left, front_right, rear_left, "
                              "rear_right), each model node serving them all (default 1: one camera on camera/)")
 
-
-def camera_count(text: str) -> int:
-    """1..8 (argparse type): the demo's simulated cameras."""
-    count = arguments.positive_int(text)
-    if count > 8:
-        raise argparse.ArgumentTypeError(f"the demo simulates 1 to 8 cameras, got {count}")
-    return count

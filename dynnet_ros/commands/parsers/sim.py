@@ -40,6 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compress", choices=CODECS, default=None,
                         help="write the camera as image_transport's compressed plugin publishes it: "
                              "sensor_msgs/CompressedImage (JPEG or PNG) on /camera/image_raw/compressed")
+    parser.add_argument("--cameras", type=arguments.camera_count, default=1, metavar="N",
+                        help="simulate N cameras as `dynnet demo --cameras N` does (1-8: front, left, right, rear, "
+                             "...): NAME/image_raw and NAME/camera_info each, one LiDAR covering them (default 1: "
+                             "the single camera on /camera/)")
     parser.add_argument("--pedestrians", type=int, choices=range(6), default=defaults.pedestrians, metavar="0..5",
                         help="pedestrians in the scene (default %(default)s)")
     parser.add_argument("--json", type=arguments.output_file, default=None, metavar="FILE",
