@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from _perception_models import batch_fixed_inside, batched_end2end, constant_outputs, nhwc_uint8_map, pixel_map
+from onnx import TensorProto, helper, numpy_helper
 
 from dynnet_ros.perception import DepthEstimator, Detector, Segmenter
 from dynnet_ros.perception.batch_capacity import UNBOUNDED_BATCH, batch_capacity
@@ -213,6 +215,19 @@ def test_max_batch_is_decided_from_the_graph(tmp_path):
     flat = constant_outputs(tmp_path / "flat.onnx", {"boxes": np.zeros((3, 4), np.float32)},
                             input_dims=("B", 3, "H", "W"), output_dims={"boxes": ["N", 4]})
     assert capacity(flat) == 1
+    # another input with the batch axis (per-frame sizes [B, 2]) that the cores feed as for one frame
+    sized = helper.make_model(helper.make_graph(
+        [helper.make_node("ReduceSum", ["sizes", "axis1"], ["total"], keepdims=1),
+         helper.make_node("Unsqueeze", ["total", "axes23"], ["per_frame"]),
+         helper.make_node("Mul", ["image", "per_frame"], ["out"])], "sized",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["B", 3, "H", "W"]),
+         helper.make_tensor_value_info("sizes", TensorProto.FLOAT, ["B", 2])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["B", 3, "H", "W"])],
+        [numpy_helper.from_array(np.array([2, 3], np.int64), "axes23"),
+         numpy_helper.from_array(np.array([1], np.int64), "axis1")]),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(sized, tmp_path / "sized.onnx")
+    assert capacity(str(tmp_path / "sized.onnx")) == 1
 
 
 def test_mapped_stages_run_a_batch_frame_by_frame(lane):

@@ -23,7 +23,9 @@ UNBOUNDED_BATCH = 64
 def batch_capacity(info: ModelInfo, image: TensorInfo, layout: str) -> int:
     """``UNBOUNDED_BATCH`` when ``image``'s batch axis is symbolic and every output of the model
     leads with that symbol (RDP), else 1: a fixed batch, an unbatched (CHW) input, outputs
-    without the batch axis, or a graph RDP cannot follow."""
+    without the batch axis, another input with the batch axis that is not an image-sized plane
+    (the cores batch the image and its companion planes, like the zoo depth model's LiDAR, and
+    feed every other input as for one frame), or a graph RDP cannot follow."""
     if layout == "CHW" or image.rank == 0 or isinstance(image.dims[0], int):
         return 1
     if any(out.rank == 0 or isinstance(out.dims[0], int) for out in info.outputs):
@@ -37,6 +39,10 @@ def batch_capacity(info: ModelInfo, image: TensorInfo, layout: str) -> int:
     batch = declared[0] if declared else None
     if not isinstance(batch, Expr):  # an Expr is never a constant
         return 1
+    for spec in info.inputs:
+        dims = result.inputs.get(spec.name)
+        if spec.name != image.name and dims and dims[0] == batch and spec.rank != 4:
+            return 1
     for out in info.outputs:
         dims = result.tensor_dims(out.name) if out.name in result.tensors else None
         if not dims or not isinstance(dims[0], Expr) or dims[0] != batch:
