@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from _perception_models import batch_fixed_inside, batched_end2end, constant_outputs, nhwc_uint8_map, pixel_map
 from onnx import TensorProto, helper, numpy_helper
 
+from dynnet_ros.engine import Engine
 from dynnet_ros.perception import DepthEstimator, Detector, Segmenter
 from dynnet_ros.perception.batch_capacity import UNBOUNDED_BATCH, batch_capacity
 from dynnet_ros.perception.letterbox import plan_letterbox
@@ -41,6 +43,25 @@ def lane():
 def depth():
     with DepthEstimator(str(ensure_model("depth"))) as core:
         yield core
+
+
+@pytest.mark.parametrize("name", ["lane", "depth"])
+def test_planned_engine_runs_batches_as_onnxruntime_does(name):
+    """The planned executor (RDP shapes, one arena plan per signature) at batches 1, 2 and 4."""
+    path = str(ensure_model(name))
+    reference = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(15)
+    with Engine(path, threads=1) as engine:
+        for batch in (1, 2, 4):
+            feeds = {"image": rng.random((batch, 3, 96, 128), dtype=np.float32)}
+            if name == "depth":
+                feeds["lidar_depth"] = (rng.random((batch, 1, 96, 128)) > 0.95).astype(np.float32) * 12.0
+            got = engine.run(feeds)
+            for out, want in zip(reference.get_outputs(), reference.run(None, feeds)):
+                assert got[out.name].shape == want.shape
+                np.testing.assert_allclose(got[out.name], want, rtol=1e-4, atol=1e-5)
+        stats = engine.engine_stats()
+        assert stats.executor == "cpu-planned" and stats.shape_signatures_seen == 3
 
 
 def test_zoo_lane_batch_equals_frame_by_frame_in_one_run(lane):
