@@ -9,8 +9,9 @@ each NAME is a camera of its own: ``NAME/image_raw``, ``NAME/camera_info`` (fram
 all see the same scene (sim/rig.py, sim/scene.py). There is one LiDAR on ``lidar/points`` at
 ``rate_hz``, covering every camera's view; it is published in the tick of the first camera at
 ``rate_hz`` (same scene, same stamp), or on a timer of its own when no camera runs at that rate.
-Every frame is rendered in bands (sim/scene.py), one camera at a time: memory does not grow with
-the number of cameras, the CPU time does (about one render per camera frame). The cameras cycle
+Every frame is rendered in bands (sim/scene.py), one camera at a time: the renderer's memory does
+not grow with the number of cameras (their publishers' buffers do), the CPU time does (one render
+per camera frame). The cameras cycle
 through ``resolutions``, spending ``resolution_period_s`` on each. ``dynnet sim --record``
 writes the single camera's frames into a bag.
 """
