@@ -21,7 +21,7 @@ from rclpy.parameter import Parameter
 from rclpy.parameter_client import AsyncParameterClient
 from rclpy.qos import qos_profile_sensor_data
 from rclpy.time import Time
-from sensor_msgs.msg import Image
+from sensor_msgs.msg import CameraInfo, Image
 from std_msgs.msg import Header
 
 from dynnet_ros.nodes.background import BackgroundNode
@@ -30,6 +30,7 @@ from dynnet_ros.nodes.convert import array_to_image
 from dynnet_ros.nodes.depth_node import DepthNode
 from dynnet_ros.nodes.diagnostics import level_value, status_values
 from dynnet_ros.nodes.pedestrian_node import PedestrianNode
+from dynnet_ros.perception.serving import FrameInfo
 
 NS = f"/multicam_{os.getpid()}"
 CAMERAS = ("front", "left", "right", "rear")
@@ -159,7 +160,7 @@ def context():
     ctx.try_shutdown()
 
 
-def test_compressed_cameras_subscribe_under_each_namespace_and_publish_there(context):
+def test_compressed_cameras_subscribe_under_each_namespace_and_publish_there_with_their_own_intrinsics(context):
     node = _in_process(PedestrianNode, context, "image_transport:=compressed",
                        "cameras:=[front, /cams/left/image_color]")
     try:
@@ -172,6 +173,12 @@ def test_compressed_cameras_subscribe_under_each_namespace_and_publish_there(con
         assert f"{NS}_inproc/pedestrian/markers" not in published
         assert node.frames.topics == {"front": f"{NS}_inproc/front/image_raw/compressed",
                                       "cams_left": "/cams/left/image_color/compressed"}
+        k = [500.0, 0.0, 320.0, 0.0, 500.0, 240.0, 0.0, 0.0, 1.0]
+        node._on_camera_info(CameraInfo(width=640, height=480, k=k), "front")   # front's CameraInfo only
+        front = FrameInfo(Header(), 640, 480, "rgb8", "front")
+        left = FrameInfo(Header(), 640, 480, "rgb8", "cams_left")
+        np.testing.assert_array_equal(node.intrinsics_for(front), np.reshape(k, (3, 3)))
+        assert node.intrinsics_for(left) is None
     finally:
         close_node(node)
 
