@@ -277,7 +277,8 @@ def _offer_all(core: ServingCore, cameras: list[str], stamp: int) -> None:
 
 
 def test_four_cameras_run_as_one_batch_and_each_result_goes_back_to_its_camera(serving):
-    core, adapter, _ = serving(sources=CAMERAS, batch_window_ms=50.0)
+    # a window long enough that three frames offered together always make one batch, even on a loaded machine
+    core, adapter, _ = serving(sources=CAMERAS, batch_window_ms=500.0, max_latency_ms=1000.0)
     assert core.model_batch() > 4 and core.batch_limit() == 4
     adapter.gate = threading.Event()
     core.offer("front", 1, "front_optical", frame(*SIZES["front"]))
@@ -320,6 +321,9 @@ def test_a_budget_too_small_for_the_batch_lowers_it_and_says_so(serving):
     assert needs[1] < needs[2] < needs[3] < needs[4]
     budget = round((needs[2] + needs[3]) / 2, 3)   # holds two frames per run, not three
     core.apply({"memory_budget_mb": budget})   # the engine ran four frames: taken by lowering the batch
+    if not core.batch_budget.reason:   # a loaded machine split the round: sized at the next batch instead
+        _round(core, 50, height, width)
+    wait_for(lambda: core.batch_budget.reason, 60, "the batch lowered")
     status = core.status()
     assert status.level == "warn" and status.message.startswith(f"batches of 2, not 4: memory_budget_mb {budget:g}")
     assert core.params["memory_budget_mb"] == budget
