@@ -90,6 +90,37 @@ def test_relative_model_is_made_metric_with_lidar(tmp_path):
     assert dep.last_fit is not None and not dep.last_fit.held
 
 
+def test_fits_are_held_per_camera_and_batches_make_them_in_order(tmp_path):
+    """A camera without enough points holds its own last fit, never another camera's; a batch
+    (a model with a symbolic batch) makes and holds fits as one-by-one calls do."""
+    path = pixel_map(tmp_path / "rel_b.onnx", np.array([[3.0, 0.0, 0.0]], np.float32), np.array([0.5], np.float32),
+                     input_name="pixel_values", output_name="predicted_depth", squeeze=True,
+                     input_dims=("B", 3, "H", "W"))
+    options = dict(mean=(0, 0, 0), std=(1, 1, 1), input_size=0, input_multiple=1)
+    img = scene()
+    points, _ = lidar_for(img, np.random.default_rng(3))
+    frames = [img, img, img, img]
+    lidars = [(points, K), (points[:5], K), (points[:5], K), None]
+    sources = ["front", "rear", "front", "rear"]
+    with DepthEstimator(path, "relative", **options) as dep:
+        assert dep.max_batch > 1
+        one_by_one = [dep(f, *(item or (None, None)), source=name) for f, item, name in zip(frames, lidars, sources)]
+    assert one_by_one[0].fit is not None and not one_by_one[0].fit.held
+    assert one_by_one[1].fit is None and not one_by_one[1].metres.any()       # rear has no fit of its own
+    assert one_by_one[2].fit is not None and one_by_one[2].fit.held           # front holds its own
+    assert one_by_one[3].fit is None
+    with DepthEstimator(path, "relative", **options) as dep:
+        runs = dep.engine.engine_stats().runs
+        together = dep.batch(frames, lidars, sources)
+        assert dep.engine.engine_stats().runs == runs + 1
+        with pytest.raises(ValueError, match="one camera name per frame"):
+            dep.batch(frames, lidars, ["front"])
+    for alone, batched in zip(one_by_one, together):
+        assert (alone.fit is None) == (batched.fit is None)
+        assert alone.fit is None or (alone.fit.held, alone.fit.scale) == (batched.fit.held, batched.fit.scale)
+        np.testing.assert_allclose(batched.metres, alone.metres, rtol=1e-5)
+
+
 def test_relative_model_before_any_fit_is_unknown(tmp_path):
     dep = DepthEstimator(relative_model(tmp_path), "relative", mean=(0, 0, 0), std=(1, 1, 1), input_size=0,
                          input_multiple=1)

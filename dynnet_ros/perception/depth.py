@@ -45,7 +45,8 @@ class DepthEstimator(PerceptionCore[DepthFormat]):
     frame's 3x3 intrinsics. Metric models: metres = output x ``depth_scale``. Relative
     inverse-depth models: 1 / metres = scale x output + shift, fitted per frame to the LiDAR
     points that land on the frame (``depth_fit``); with fewer than ``min_fit_points`` the last
-    good fit is held, and before any fit the map is all 0 (unknown). Zoo models take the
+    good fit of the same ``source`` (the camera) is held, and before any fit the map is all 0
+    (unknown). Zoo models take the
     LiDAR as an input channel. Depths are clipped to ``max_depth_m``; 0 means unknown.
     """
 
@@ -74,9 +75,11 @@ class DepthEstimator(PerceptionCore[DepthFormat]):
             raise ValueError("depth_scale applies to metric outputs; a relative model is scaled by the LiDAR fit")
         self.output_name = self.format.output(self.info).name
         self._last_fit: DepthFit | None = None
+        self._fits: dict[str, DepthFit] = {}   # the last good fit per source (camera)
 
     def __call__(self, frame: np.ndarray, lidar_points: np.ndarray | None = None,
-                 camera_matrix: np.ndarray | None = None) -> Depth:
+                 camera_matrix: np.ndarray | None = None, *, source: str = "") -> Depth:
+        """``source``: the camera the frame comes from (a relative model holds a fit per camera)."""
         points, k = _checked_lidar(lidar_points, camera_matrix)
         with self._lock:
             tensor, box = self._prepare(frame)
@@ -86,28 +89,36 @@ class DepthEstimator(PerceptionCore[DepthFormat]):
                 feeds[LIDAR_INPUT] = np.zeros((1, 1, box.pad_h, box.pad_w), dtype=np.float32)
                 in_view = self._fill_lidar(feeds[LIDAR_INPUT][0, 0], points, k, box)
             value = self._run(feeds)[self.output_name]
-        return self._finish(value, box, points, k, in_view)
+        return self._finish(value, box, points, k, in_view, source)
 
     def batch(self, frames: Sequence[np.ndarray],
-              lidars: Sequence[tuple[np.ndarray, np.ndarray] | None] | None = None) -> list[Depth]:
-        """``self(frame, points, camera_matrix)`` for each frame, in one engine run per
-        ``max_batch`` frames. ``lidars``: per frame, ``(lidar_points, camera_matrix)`` or None
-        (no LiDAR for that frame); None = none for any. Frames of different sizes share the
-        largest padded input size; maps come back at each frame's size. A relative model's
-        LiDAR fit is held from frame to frame in the batch's order, as one-by-one calls hold it."""
+              lidars: Sequence[tuple[np.ndarray, np.ndarray] | None] | None = None,
+              sources: Sequence[str] | None = None) -> list[Depth]:
+        """``self(frame, points, camera_matrix, source=source)`` for each frame, in one engine run
+        per ``max_batch`` frames. ``lidars``: per frame, ``(lidar_points, camera_matrix)`` or None
+        (no LiDAR for that frame); None = none for any. ``sources``: per frame, its camera (None:
+        all one camera). Frames of different sizes share the largest padded input size; maps come
+        back at each frame's size. A relative model's fits are made and held in the batch's order,
+        as one-by-one calls make them."""
         frames = check_frames(frames)
         if lidars is None:
             lidars = [None] * len(frames)
         if not isinstance(lidars, (list, tuple)) or len(lidars) != len(frames):
             raise ValueError(f"lidars must be a list with one (points, camera_matrix) or None per frame "
                              f"({len(frames)}), got {lidars!r:.80}")
+        if sources is None:
+            sources = [""] * len(frames)
+        if not isinstance(sources, (list, tuple)) or len(sources) != len(frames) \
+                or not all(isinstance(name, str) for name in sources):
+            raise ValueError(f"sources must be a list with one camera name per frame ({len(frames)}), "
+                             f"got {sources!r:.80}")
         checked = [(None, None) if item is None else _checked_lidar(*_pair(item)) for item in lidars]
         out: list[Depth] = []
         for chunk in self._chunks(range(len(frames))):
             if len(chunk) == 1:
                 i = chunk[0]
                 points, k = checked[i]
-                out.append(self(frames[i], points, k))
+                out.append(self(frames[i], points, k, source=sources[i]))
                 continue
             with self._lock:
                 tensor, boxes = self._prepare_batch([frames[i] for i in chunk])
@@ -118,26 +129,26 @@ class DepthEstimator(PerceptionCore[DepthFormat]):
                     seen = [self._fill_lidar(lidar[row, 0], *checked[i], boxes[row]) for row, i in enumerate(chunk)]
                     feeds[LIDAR_INPUT] = lidar
                 value = self._run(feeds)[self.output_name]
-            out.extend(self._finish(value[row: row + 1], boxes[row], *checked[i], seen[row])
+            out.extend(self._finish(value[row: row + 1], boxes[row], *checked[i], seen[row], sources[i])
                        for row, i in enumerate(chunk))
         return out
 
     def _finish(self, value: np.ndarray, box: Letterbox, points: np.ndarray | None, k: np.ndarray | None,
-                in_view: int) -> Depth:
+                in_view: int, source: str) -> Depth:
         """One frame's output (batch axis 1) as metres in the frame's pixels."""
         plane = np.asarray(value, dtype=np.float32)
         if plane.size != plane.shape[-1] * plane.shape[-2]:
             raise ValueError(f"depth output {self.output_name} has shape {list(plane.shape)}, expected one map")
-        source = box.to_source(plane.reshape(plane.shape[-2:]))
-        source = np.nan_to_num(source, nan=0.0, posinf=0.0, neginf=0.0)
+        values = box.to_source(plane.reshape(plane.shape[-2:]))   # the model's map in the frame's pixels
+        values = np.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
         if not self.format.relative:
-            metres = np.multiply(source, np.float32(self.depth_scale), dtype=np.float32)
+            metres = np.multiply(values, np.float32(self.depth_scale), dtype=np.float32)
             np.nan_to_num(metres, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
             np.clip(metres, 0.0, self.max_depth_m, out=metres)
             if not self.format.lidar_input and points is not None and k is not None:
                 in_view = len(project_points(points, k, box.src_h, box.src_w)[0])
             return Depth(metres, None, in_view)
-        return self._metric_from_relative(source, points, k)
+        return self._metric_from_relative(values, points, k, source)
 
     def _fill_lidar(self, plane: np.ndarray, points: np.ndarray | None, k: np.ndarray | None,
                     box: Letterbox) -> int:
@@ -150,8 +161,8 @@ class DepthEstimator(PerceptionCore[DepthFormat]):
         inner[...] = sparse[box.top: box.top + box.new_h, box.left: box.left + box.new_w]
         return int(np.count_nonzero(inner))
 
-    def _metric_from_relative(self, relative: np.ndarray, points: np.ndarray | None,
-                              k: np.ndarray | None) -> Depth:
+    def _metric_from_relative(self, relative: np.ndarray, points: np.ndarray | None, k: np.ndarray | None,
+                              source: str) -> Depth:
         height, width = relative.shape
         u = v = z = np.zeros(0)
         if points is not None and k is not None:
@@ -160,9 +171,9 @@ class DepthEstimator(PerceptionCore[DepthFormat]):
             if len(z) >= self.min_fit_points else None
         if fitted is not None:
             fit = DepthFit(fitted.scale, fitted.shift, fitted.residual, int(len(z)), fitted.inliers, held=False)
-            self._last_fit = fit
-        elif self._last_fit is not None:
-            fit = replace(self._last_fit, points=int(len(z)), held=True)
+            self._last_fit = self._fits[source] = fit
+        elif source in self._fits:
+            fit = replace(self._fits[source], points=int(len(z)), held=True)
         else:
             return Depth(np.zeros((height, width), dtype=np.float32), None, int(len(z)), relative)
         inverse = relative * np.float32(fit.scale) + np.float32(fit.shift)
