@@ -16,7 +16,8 @@ import yaml
 from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import Image
 
-from dynnet_ros.graph_config import default_config_path
+from dynnet_ros.graph_cameras import with_cameras
+from dynnet_ros.graph_config import default_config_path, load_graph
 from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.sim.rig import demo_cameras
 from dynnet_ros.zoo import ensure_model
@@ -60,15 +61,24 @@ class Masks:
             self.seen[camera].append((msg.header.stamp.sec * 10**9 + msg.header.stamp.nanosec, msg.header.frame_id))
 
 
-def test_demo_with_four_cameras_serves_every_camera_from_one_node(tmp_path):
+@pytest.mark.parametrize("how", ["flag", "config"])
+def test_demo_with_four_cameras_serves_every_camera_from_one_node(tmp_path, how):
+    """``--cameras 4`` on the one-camera graph, or a graph config that lists the cameras itself
+    (as config/vehicle_4cam.yaml does): the same graph."""
     ensure_model("lane")
     cameras = demo_cameras(4)
     masks = Masks(cameras)
     report = tmp_path / "report"
+    config = small_graph(tmp_path / "g.yaml")
+    if how == "config":
+        graph = with_cameras(load_graph(config), cameras)
+        config.write_text(yaml.safe_dump({"nodes": [{"name": n.name, "executable": n.executable, "sim": n.sim,
+                                                     "parameters": n.parameters} for n in graph.nodes]}))
+    flag = ["--cameras", "4"] if how == "flag" else []
     try:
-        out = subprocess.run([sys.executable, "-m", "dynnet_ros.cli", "demo", "--cameras", "4", "--duration", "6",
-                              "--no-live", "--report", str(report), "--config", str(small_graph(tmp_path / "g.yaml")),
-                              "--namespace", NAMESPACE], capture_output=True, text=True, timeout=540, cwd=ROOT)
+        out = subprocess.run([sys.executable, "-m", "dynnet_ros.cli", "demo", *flag, "--duration", "6", "--no-live",
+                              "--report", str(report), "--config", str(config), "--namespace", NAMESPACE],
+                             capture_output=True, text=True, timeout=540, cwd=ROOT)
     finally:
         masks.ros.close()
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

@@ -262,7 +262,7 @@ def test_colcon_build_installs_a_working_package(tmp_path):
         assert f"'console_scripts', '{exe}'" in script.read_text()
     share = prefix / "share" / "dynnet_ros"
     assert (share / "launch" / "vehicle.launch.py").is_file()
-    assert (share / "config" / "vehicle.yaml").is_file()
+    assert (share / "config" / "vehicle.yaml").is_file() and (share / "config" / "vehicle_4cam.yaml").is_file()
     check = ("from ament_index_python.packages import get_package_share_directory as g; import dynnet_ros, "
              "importlib; print(g('dynnet_ros')); print(dynnet_ros.__file__); "
              "print(callable(importlib.import_module('dynnet_ros.nodes.sensor_sim').main))")

@@ -4,7 +4,7 @@ With ``--bag`` the simulator stays off and a recorded bag plays in a loop instea
 the bag's time (``replay.BackgroundReplay``, as `dynnet replay --loop`). With ``--cameras N``
 the simulator publishes N cameras and every model node serves all of them
 (``graph_cameras.with_cameras``, the graph config/vehicle_4cam.yaml holds for N = 4); the
-montage shows the first camera.
+montage shows the first camera, as for a config whose simulator lists cameras itself.
 
 The graph runs exactly as `dynnet up` starts it (node output goes to <report>/nodes.log); this
 process subscribes to /diagnostics with rclpy and turns the nodes' own statuses into the
@@ -240,6 +240,9 @@ def run(args: argparse.Namespace) -> int:
     cameras = demo_cameras(args.cameras) if args.cameras > 1 else []
     if cameras:  # the simulator's N cameras, every model node serving them all
         config = with_cameras(config, cameras)
+    else:  # a config with several cameras of its own (config/vehicle_4cam.yaml): the montage shows the first
+        cameras = next((list(n.parameters["cameras"]) for n in config.nodes
+                        if n.executable == "sensor_sim" and n.parameters.get("cameras")), [])
     bag_replay = None if args.bag is None else \
         BackgroundReplay(args.bag, args.namespace, graph_cameras(config))  # checked before any work
     report = Path(args.report)
