@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pytest
 
 from dynnet_ros.perception.budget_split import BudgetSplit, FrameCosts
+from dynnet_ros.perception.letterbox import plan_letterbox
 
 
 @dataclass
@@ -56,3 +57,22 @@ def test_the_share_handed_over_is_no_overrun(split):
     node_mb = 60.0
     split.engine_budget_mb = split.share(node_mb)
     assert split.over_budget(MinimumOnly(1000.0), node_mb) is None
+
+
+def test_a_batch_is_charged_at_the_largest_batch_formed_and_every_cameras_messages():
+    """With budget 0 (unlimited) ``charge_frames`` only accounts: a batch of one frame, charged as
+    the four the node forms, costs what four frames of that size do; a camera's messages stay
+    charged while its frames are not in the batch."""
+    costs = FrameCosts(output_bytes_per_pixel=8.0)
+    split = BudgetSplit(costs, max_input_side=0, warn=lambda message: None, cameras=4)
+    box, small = plan_letterbox(480, 640, target=None), plan_letterbox(240, 320, target=None)
+    message = 640 * 480 * 3
+    cameras = [("front", message), ("left", message), ("right", message), ("rear", message)]
+    split.charge_frames(MinimumOnly(1.0), lambda: 0.0, cameras, [box] * 4, batch=4)
+    four = split.frame
+    assert four == costs.batch_bytes([message] * 4, [box] * 4)
+    split.charge_frames(MinimumOnly(1.0), lambda: 0.0, cameras[:1], [box], batch=4)
+    assert split.frame == four   # one frame now, four next: the share does not swing
+    split.charge_frames(MinimumOnly(1.0), lambda: 0.0, [("left", 320 * 240 * 3)], [small], batch=4)
+    assert split.frame.messages == four.messages   # left's larger messages are still in flight
+    assert split.frame.inputs == costs.batch_bytes([], [small] * 4).inputs < four.inputs

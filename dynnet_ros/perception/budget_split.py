@@ -105,11 +105,13 @@ class BudgetSplit:
             commit()
 
     def charge_frames(self, engine: Engine, budget_mb: Callable[[], float], messages: Sequence[tuple[str, int]],
-                      letterboxes: Sequence[Letterbox]) -> None:
+                      letterboxes: Sequence[Letterbox], batch: int = 1) -> None:
         """Charge a batch's buffers and give the engine the rest of the node's budget (``budget_mb()``).
 
         ``messages``: each frame's camera and message size; ``letterboxes``: where each goes
-        in the model input. Runs in the worker between two batches. Each camera's messages are
+        in the model input; ``batch``: the largest batch the node forms now, charged whatever
+        this one holds (at its largest input), so the engine's share does not swing with every
+        batch of another size. Runs in the worker between two batches. Each camera's messages are
         charged at the largest size it sent in ``MESSAGE_HOLD_S`` (a camera not in this batch
         still has its messages in flight). If the engine's share is below its minimum, the engine
         goes as low as it allows and the share is retried next batch (the minimum follows the
@@ -122,12 +124,13 @@ class BudgetSplit:
             self._message_sizes[source] = [*recent, (now, size)]
         held = {source: max(b for _, b in sizes) for source, sizes in self._message_sizes.items()
                 if any(now - t <= MESSAGE_HOLD_S for t, _ in sizes)}  # larger frames may still be in flight
-        key = (tuple(sorted(held.items())), tuple(letterboxes))
         letterbox = max(letterboxes, key=lambda box: box.pad_h * box.pad_w)
+        charged = [*letterboxes, *[letterbox] * (batch - len(letterboxes))]
+        key = (tuple(sorted(held.items())), tuple(charged))
         with self.lock:
             if key != self._frame_key:
                 self._frame_key = key
-                self.frame = self.costs.batch_bytes(list(held.values()), letterboxes)
+                self.frame = self.costs.batch_bytes(list(held.values()), charged)
             node_mb = budget_mb()
             target = self.share(node_mb)
             self._last_refused, refused = None, self._last_refused

@@ -276,11 +276,12 @@ class ServingCore:
                                      frames[largest].height, frames[largest].width, len(self.sources),
                                      max(size for _, size in messages))
             cap = self.batch_budget.cap or len(frames)   # a budget lowered after the batch formed
+            formed = self._batching()[1]
             for first in range(0, len(frames), cap):
                 chunk = slice(first, first + cap)
                 # takes the split's lock: not under the frame lock
                 self.split.charge_frames(self.engine, lambda: self.params["memory_budget_mb"], messages[chunk],
-                                         boxes[chunk])
+                                         boxes[chunk], formed)
                 with self.lock:
                     self.task.serve(frames[chunk], rgbs[chunk], self.core)
         except Exception as exc:  # noqa: BLE001 - inference failure: ERROR status, keep serving
