@@ -3,6 +3,7 @@
     ros2 launch dynnet_ros vehicle.launch.py                 # with the sensor simulator
     ros2 launch dynnet_ros vehicle.launch.py use_sim:=false  # real camera / LiDAR drivers
     ros2 launch dynnet_ros vehicle.launch.py config:=/path/to/my_vehicle.yaml namespace:=/robot1
+    ros2 launch dynnet_ros vehicle.launch.py config:=<share>/config/vehicle_4cam.yaml  # four cameras
 """
 from __future__ import annotations
 
