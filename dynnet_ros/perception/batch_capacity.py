@@ -9,8 +9,9 @@ that same symbol as its leading axis, so output row ``i`` is frame ``i``'s resul
 from __future__ import annotations
 
 import logging
+import warnings
 
-from dynnet_ros.engine.rdp import Expr, analyze
+from dynnet_ros.engine.rdp import Expr, RDPWarning, analyze
 from dynnet_ros.perception.model_info import ModelInfo, TensorInfo
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,9 @@ def batch_capacity(info: ModelInfo, image: TensorInfo, layout: str) -> int:
     if any(out.rank == 0 or isinstance(out.dims[0], int) for out in info.outputs):
         return 1
     try:
-        result = analyze(info.path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RDPWarning)  # an operator RDP does not know: the planner reports it
+            result = analyze(info.path)
     except Exception as exc:  # noqa: BLE001 — any failure to follow the graph means one frame per run
         log.info("%s: batch size 1 (RDP could not follow the batch axis: %s)", info.path, exc)
         return 1
