@@ -215,7 +215,8 @@ class ModelNode(Node, ABC, Generic[CoreT]):
         try:
             self.serving.intrinsics[camera].update(int(msg.width), int(msg.height), msg.k)
         except ValueError as exc:
-            self.get_logger().warning(f"ignoring CameraInfo of {camera}: {exc}", throttle_duration_sec=5.0)
+            of = "" if camera == CAMERA else f" of {camera}"
+            self.get_logger().warning(f"ignoring CameraInfo{of}: {exc}", throttle_duration_sec=5.0)
 
     def _on_budgets(self, msg: String) -> None:
         """A budget report: per-unit memory for this node (``mapping: auto`` re-picks beside the frame loop)."""
