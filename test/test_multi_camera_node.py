@@ -195,5 +195,11 @@ def test_the_depth_node_declares_each_cameras_extrinsic(context):
         assert not result.successful and "lidar_to_camera" in result.reason
         assert node.set_parameters_atomically([Parameter("left.lidar_to_camera", value=front)]).successful
         assert node.params["left.lidar_to_camera"] == front
+        for cam in ("front", "left"):   # both served through the one core, as one batch or two
+            msg = array_to_image(np.zeros((96, 128, 3), np.uint8), "rgb8", Header(frame_id=f"{cam}_optical"))
+            node._on_image(msg, cam)
+        wait_for(lambda: node.serving.stats.processed == 2, 60, "both cameras' depth maps")
+        assert node.serving.stats.failed == 0
+        assert [node.serving.cameras[cam].frames.processed for cam in ("front", "left")] == [1, 1]
     finally:
         close_node(node)

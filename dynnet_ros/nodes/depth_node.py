@@ -153,7 +153,8 @@ class DepthNode(ModelNode[DepthEstimator]):
             k = self.intrinsics_for(frame)
             points = self._camera_points(frame) if k is not None else None
             lidars.append((points, k) if points is not None and k is not None else None)
-        for frame, depth in zip(frames, core.batch(rgbs, lidars)):
+        # a relative model's LiDAR fit is held per camera: one camera's fit never scales another's map
+        for frame, depth in zip(frames, core.batch(rgbs, lidars, [frame.source for frame in frames])):
             self._lidar_in_view = depth.lidar_points
             self._fit = depth.fit
             outputs: DepthOutputs = self.outputs[frame.source]
