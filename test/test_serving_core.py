@@ -304,6 +304,18 @@ def test_four_cameras_run_as_one_batch_and_each_result_goes_back_to_its_camera(s
     assert all(0 < ms < 60_000 for ms in latencies)   # milliseconds of this test, not of the clock's epoch
 
 
+def test_lost_frames_are_told_per_camera_so_interleaved_cameras_lose_none(serving):
+    core, _, _ = serving(sources=CAMERAS, batch_window_ms=0.0)
+    period = 100_000_000   # every camera at 10 Hz, each with its own phase
+    for tick in range(8):
+        for i, cam in enumerate(CAMERAS):
+            core.offer(cam, tick * period + i * 7_000_000, f"{cam}_optical", frame(*SIZES[cam]))
+    core.offer("left", 9 * period + 7_000_000, "left_optical", frame(*SIZES["left"]))   # left skipped one frame
+    values = core.status().values
+    assert values["frames_missing"] == 1 and values["frames_out_of_order"] == 0
+    assert values["camera.left.missing"] == 1 and values["camera.front.missing"] == 0
+
+
 def _round(core: ServingCore, stamp: int, height: int, width: int) -> None:
     """One frame from every camera, all of one size, served."""
     done = core.stats.processed + len(CAMERAS)

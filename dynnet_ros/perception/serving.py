@@ -39,7 +39,7 @@ from dynnet_ros.perception.batch_budget import BatchBudget
 from dynnet_ros.perception.batching import BatchPolicy
 from dynnet_ros.perception.budget_split import BudgetSplit, FrameCosts
 from dynnet_ros.perception.core import PerceptionCore
-from dynnet_ros.perception.frame_stats import SILENT_S, CameraStats, FrameStats, StampGaps
+from dynnet_ros.perception.frame_stats import SILENT_S, CameraStats, FrameStats
 from dynnet_ros.perception.intrinsics import Intrinsics
 from dynnet_ros.perception.mailbox import Arrival, FrameWorker, Mailbox
 from dynnet_ros.perception.mapped import MappedSettings, tune
@@ -165,7 +165,6 @@ class ServingCore:
         self.held_after_load_mb = process_memory().rss_mb - self.baseline.rss_mb
         CORES_IN_PROCESS.add(self)
         self.stats = FrameStats()
-        self.gaps = StampGaps()  # frames the camera's stamps tell were lost before they reached the core
         self.cameras = {source: CameraStats() for source in self.sources}
         self.camera_errors: dict[str, str] = {}   # a camera's last frame failed: why
         self.intrinsics = {source: Intrinsics() for source in self.sources}
@@ -210,7 +209,6 @@ class ServingCore:
         camera = self.cameras.get(source)
         if camera is None:
             raise ValueError(f"unknown camera {source!r}: this core serves {list(self.sources)}")
-        self.gaps.observe(stamp_ns)
         self.stats.received += 1
         camera.received(stamp_ns)
         replaced = self.mailbox.put(Arrival(source, stamp_ns, frame_id, payload))
@@ -514,8 +512,9 @@ class ServingCore:
             "frames_processed": self.stats.processed,
             "frames_dropped": self.stats.dropped,
             "frames_failed": self.stats.failed,
-            "frames_missing": self.gaps.lost,
-            "frames_out_of_order": self.gaps.out_of_order,
+            # each camera's stamps tell its own lost frames: interleaved cameras are not one sequence
+            "frames_missing": sum(camera.gaps.lost for camera in self.cameras.values()),
+            "frames_out_of_order": sum(camera.gaps.out_of_order for camera in self.cameras.values()),
             "rss_mb": process_memory().rss_mb,
             "model_path": core.model_path,
             "model_format": core.format_name,
