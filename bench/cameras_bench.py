@@ -15,8 +15,15 @@ p50/p95 latency (output received minus the input frame's stamp, which the output
 total PSS of the model processes (/proc/PID/smaps_rollup) and CPU (user + system) per frame
 served. Layouts alternate and swap order each round (``--rounds``) so load drift falls on both.
 
+Transport: every process of a run (publisher, model nodes, probe) uses the Fast DDS profile
+``--fastdds-profile`` (default ``config/fastdds_cameras.xml``: a shared-memory segment that holds
+several 640x480 frames), unless ``--fastdds-profile default``. With Fast DDS's default 512 KiB
+segment a 900 KiB frame goes over fragmented UDP, and best-effort readers lose most frames of
+several cameras sent at once: the loss would be the transport's, not the layout's (docs/ros.md).
+
 Usage: python bench/cameras_bench.py [--models lane,pedestrian,depth,yolov8n] [--cameras 1,2,4,6]
-       [--rate 10] [--warmup 15] [--window 20] [--rounds 1] [--stagger] [--json out.json] [--png out.png]
+       [--rate 10] [--warmup 15] [--window 20] [--rounds 1] [--stagger] [--fastdds-profile FILE|default]
+       [--json out.json] [--png out.png]
 Runs with its own ROS_DOMAIN_ID unless one is set, and ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST.
 """
 from __future__ import annotations
@@ -355,6 +362,8 @@ def main() -> int:
     parser.add_argument("--window", type=float, default=20.0, help="seconds measured")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--stagger", action="store_true", help="spread the cameras' frames over the period")
+    parser.add_argument("--fastdds-profile", default=str(REPO / "config" / "fastdds_cameras.xml"),
+                        help="Fast DDS XML profile for every process of a run ('default': Fast DDS's own settings)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--png", type=Path)
     parser.add_argument("--publish", type=int, help=argparse.SUPPRESS)
@@ -362,6 +371,8 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.setdefault("ROS_DOMAIN_ID", str(50 + os.getpid() % 40))
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    if args.fastdds_profile != "default" and args.publish is None:
+        os.environ["FASTDDS_DEFAULT_PROFILES_FILE"] = str(Path(args.fastdds_profile).resolve())
     if args.publish is not None:
         publish_cameras(args.namespace, args.publish, args.rate, args.stagger)
         return 0
