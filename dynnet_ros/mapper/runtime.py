@@ -52,16 +52,21 @@ class FrameResult:
     skipped: tuple[int, ...] = ()   # stages cancelled or dropped for this frame
     #: stages finished by the answer: (first part's start, last part's end), ms after run() began
     spans: dict[int, tuple[float, float]] = field(default_factory=dict)
+    #: stages finished by the answer: each part's (start, end), ms after run() began; a stage cut
+    #: into parts waits between them for an earlier stage's tensors, which its span includes
+    runs: dict[int, tuple[tuple[float, float], ...]] = field(default_factory=dict)
 
     @property
     def overlap(self) -> float:
-        """The share of the stages' run time that ran beside another stage: 1 - (time any stage
-        ran) / (sum of their run times); 0 when they ran one after the other."""
-        total = sum(self.stage_ms.values())
+        """The share of the stages' run time that ran beside another stage: 1 - (time any part
+        ran) / (sum of the parts' run times); 0 when they ran one after the other. From the parts'
+        runs, not the spans: a stage waiting between its parts runs nothing beside another."""
+        intervals = sorted(interval for parts in self.runs.values() for interval in parts)
+        total = sum(end - start for start, end in intervals)
         if total <= 0:
             return 0.0
         covered, reach = 0.0, float("-inf")
-        for start, end in sorted(self.spans.values()):
+        for start, end in intervals:
             covered += max(0.0, end - max(start, reach))
             reach = max(reach, end)
         return max(0.0, 1.0 - covered / total)
@@ -70,22 +75,23 @@ class FrameResult:
 class _Frame:
     """The tensors, exits and answer of one frame; shared by the caller and the unit workers."""
 
-    def __init__(self, feeds: Mapping[str, np.ndarray], stages: int) -> None:
+    def __init__(self, feeds: Mapping[str, np.ndarray], stages: int, started: float) -> None:
         self.cond = threading.Condition()
         self.values: dict[str, np.ndarray] = dict(feeds)
         self.done: dict[int, float] = {}             # stage -> its run ms
         self.confidence: dict[int, float] = {}
         self.order: list[int] = []                   # stages in the order they finished
-        self.finished_at: dict[int, float] = {}      # stage -> perf_counter when its exit was judged
-        self.limit: float | None = None              # perf_counter of the deadline (anytime mode)
+        self.finished_at: dict[int, float] = {}      # stage -> clock when its exit was judged
+        self.limit: float | None = None              # clock of the deadline (anytime mode)
         self.answer: int | None = None
         self.deadline_hit = False
         self.error: BaseException | None = None
         self.run_options: dict[int, ort.RunOptions] = {}
         self.part_ms: dict[int, float] = {}          # stage -> its parts' run ms so far
         self.spans: dict[int, tuple[float, float]] = {}   # stage -> (first part start, last part end)
+        self.runs: dict[int, list[tuple[float, float]]] = {}   # stage -> each part's (start, end)
         self.stages = stages
-        self.started = time.perf_counter()
+        self.started = started                       # clock when run() began
 
     def cancel_rest(self) -> None:
         """Stop stages still running for this frame (call with ``cond`` held)."""
@@ -136,12 +142,17 @@ class StageExecutor:
 
     ``mapping``: one StageAssignment per stage (unit, DVFS level, exit threshold); ``criterion``
     overrides every early exit's own; ``deadline_ms`` turns on anytime mode; ``budget_bytes``:
-    the model's memory budget, which the stages' weights must fit (ValueError otherwise)."""
+    the model's memory budget, which the stages' weights must fit (ValueError otherwise);
+    ``clock``: monotonic seconds, read for the deadline, the latencies and the stages' run times,
+    so that a caller (a test) can decide when each stage finishes against the deadline instead of
+    leaving it to how fast the machine runs."""
 
     name = "mapped"
 
-    def __init__(self, stage_set: StageSet, mapping: StageMapping, *, budget_bytes: int | None = None) -> None:
+    def __init__(self, stage_set: StageSet, mapping: StageMapping, *, budget_bytes: int | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         check_stage_count(mapping, len(stage_set.stages))
+        self._clock = clock
         self.stage_set = stage_set
         self.mapping = mapping
         self.hardware: Hardware = mapping.hardware
@@ -171,7 +182,7 @@ class StageExecutor:
         except BaseException:  # any exit, interrupts included: workers and sessions close; re-raised
             self.close()
             raise
-        self._started = time.perf_counter()
+        self._started = self._clock()
         self.histogram: Counter[int] = Counter()
         self.frames = 0
         self._latency_sum_ms = 0.0
@@ -206,7 +217,7 @@ class StageExecutor:
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Answer one frame (outputs: the final exit's names)."""
         stages = self.stage_set.stages
-        frame = _Frame(feeds, len(stages))
+        frame = _Frame(feeds, len(stages), self._clock())
         with self._lock:
             thresholds = list(self._thresholds)
         deadline = self.deadline_ms
@@ -218,7 +229,7 @@ class StageExecutor:
                                                  stage.index == len(stages) - 1))
         with frame.cond:
             while frame.answer is None and frame.error is None:
-                remaining = None if frame.limit is None else frame.limit - time.perf_counter()
+                remaining = None if frame.limit is None else frame.limit - self._clock()
                 if remaining is not None and remaining <= 0:
                     if self._past_deadline(frame):
                         break
@@ -230,13 +241,16 @@ class StageExecutor:
             answer = frame.answer
             assert answer is not None
             stage_ms = dict(frame.done)
-            spans = {k: ((a - frame.started) * 1000.0, (b - frame.started) * 1000.0)
+            since = frame.started
+            spans = {k: ((a - since) * 1000.0, (b - since) * 1000.0)
                      for k, (a, b) in frame.spans.items() if k in stage_ms}
+            runs = {k: tuple(((a - since) * 1000.0, (b - since) * 1000.0) for a, b in parts)
+                    for k, parts in frame.runs.items() if k in stage_ms}
             confidence = frame.confidence.get(answer, float("nan"))
             values = {name: frame.values[name] for name in self._exits[answer].outputs}
-        latency = (time.perf_counter() - frame.started) * 1000.0
+        latency = (self._clock() - frame.started) * 1000.0
         result = FrameResult(answer, answer < len(stages) - 1, confidence, latency, frame.deadline_hit, stage_ms,
-                             tuple(s.index for s in stages if s.index not in stage_ms), spans)
+                             tuple(s.index for s in stages if s.index not in stage_ms), spans, runs)
         with self._lock:
             self.frames += 1
             self._latency_sum_ms += latency
@@ -280,7 +294,7 @@ class StageExecutor:
             feeds = {name: frame.values[name] for name in task.part.inputs}
             frame.run_options[stage.index] = options
         worker = self._workers[self.mapping.stages[stage.index].unit]
-        start = time.perf_counter()
+        start = self._clock()
         try:
             outputs = task.runner.run(feeds, options)
         except Exception as exc:  # noqa: BLE001 - a terminated run, or a real failure to report
@@ -291,8 +305,9 @@ class StageExecutor:
                     frame.cond.notify_all()
             return
         finally:
-            worker.busy_s += time.perf_counter() - start
-        ms = (time.perf_counter() - start) * 1000.0
+            ended = self._clock()
+            worker.busy_s += ended - start
+        ms = (ended - start) * 1000.0
         spec = self._exits[stage.index]
         confidence = spec.confidence(outputs) if task.last_part else 0.0
         with frame.cond:
@@ -302,14 +317,15 @@ class StageExecutor:
             frame.values.update(outputs)
             frame.part_ms[stage.index] = frame.part_ms.get(stage.index, 0.0) + ms
             began = frame.spans.get(stage.index, (start, start))[0]
-            frame.spans[stage.index] = (began, time.perf_counter())
+            frame.spans[stage.index] = (began, ended)
+            frame.runs.setdefault(stage.index, []).append((start, ended))
             if not task.last_part:
                 frame.cond.notify_all()
                 return
             frame.done[stage.index] = frame.part_ms[stage.index]
             frame.confidence[stage.index] = confidence
             frame.order.append(stage.index)
-            frame.finished_at[stage.index] = time.perf_counter()
+            frame.finished_at[stage.index] = self._clock()
             if task.threshold is not None and spec.answer != "none" and confidence >= task.threshold:
                 self._decide(frame, stage.index)
             elif frame.limit is not None and frame.finished_at[stage.index] >= frame.limit \
@@ -344,13 +360,13 @@ class StageExecutor:
     # ------------------------------------------------------------------ Executor protocol
     def busy_fractions(self) -> dict[str, float]:
         """Per unit: the share of wall time since start its stages ran."""
-        wall = max(time.perf_counter() - self._started, 1e-9)
+        wall = max(self._clock() - self._started, 1e-9)
         return {name: min(1.0, worker.busy_s / wall) for name, worker in self._workers.items()}
 
     def reset_counters(self) -> None:
         """Start the busy fractions and the exit histogram afresh."""
         with self._lock:
-            self._started = time.perf_counter()
+            self._started = self._clock()
             for worker in self._workers.values():
                 worker.busy_s = 0.0
             self.histogram.clear()
