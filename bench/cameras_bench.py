@@ -14,6 +14,7 @@ camera's output. Measured over ``--window`` seconds after ``--warmup``: per-came
 p50/p95 latency (output received minus the input frame's stamp, which the output carries),
 total PSS of the model processes (/proc/PID/smaps_rollup) and CPU (user + system) per frame
 served. Layouts alternate and swap order each round (``--rounds``) so load drift falls on both.
+``--executor`` sets ``DYNNET_EXECUTOR`` for the model nodes of both layouts.
 
 Transport: every process of a run (publisher, model nodes, probe) uses the Fast DDS profile
 ``--fastdds-profile`` (default ``config/fastdds_cameras.xml``: a shared-memory segment that holds
@@ -23,6 +24,7 @@ several cameras sent at once: the loss would be the transport's, not the layout'
 
 Usage: python bench/cameras_bench.py [--models lane,pedestrian,depth,yolov8n] [--cameras 1,2,4,6]
        [--rate 10] [--warmup 15] [--window 20] [--rounds 1] [--stagger] [--fastdds-profile FILE|default]
+       [--executor threads|events]
        [--json out.json] [--png out.png]
 Runs with its own ROS_DOMAIN_ID unless one is set, and ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST.
 """
@@ -364,6 +366,8 @@ def main() -> int:
     parser.add_argument("--stagger", action="store_true", help="spread the cameras' frames over the period")
     parser.add_argument("--fastdds-profile", default=str(REPO / "config" / "fastdds_cameras.xml"),
                         help="Fast DDS XML profile for every process of a run ('default': Fast DDS's own settings)")
+    parser.add_argument("--executor", choices=("threads", "events"),
+                        help="DYNNET_EXECUTOR for every model node of both layouts (default: as set, else threads)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--png", type=Path)
     parser.add_argument("--publish", type=int, help=argparse.SUPPRESS)
@@ -373,6 +377,8 @@ def main() -> int:
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
     if args.fastdds_profile != "default" and args.publish is None:
         os.environ["FASTDDS_DEFAULT_PROFILES_FILE"] = str(Path(args.fastdds_profile).resolve())
+    if args.executor:
+        os.environ["DYNNET_EXECUTOR"] = args.executor
     if args.publish is not None:
         publish_cameras(args.namespace, args.publish, args.rate, args.stagger)
         return 0

@@ -24,6 +24,8 @@ PREFIX = "DYNNET_"
 #: Planner profiles (the planned CPU backend maps each name to its planner options).
 PLAN_PROFILES: tuple[str, ...] = ("auto", "memory", "balanced")
 TRT_PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "int8", "auto")
+#: How a node process spins: rclpy's MultiThreadedExecutor, or its C++ EventsExecutor (one thread).
+EXECUTORS: tuple[str, ...] = ("threads", "events")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -71,6 +73,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("DYNNET_TRT_CACHE", "path", "`~/.cache/dynnet_ros/trt`", "TensorRT engine cache"),
     Variable("DYNNET_TRT_REBUILD", "bool", "`1`", "rebuild in the background when a shape misses every profile"),
     Variable("DYNNET_TRT_DEVICE", "int", "`0`", "CUDA device index"),
+    Variable("DYNNET_EXECUTOR", "choice", "`threads`",
+             "how a node process spins: `threads` (rclpy's MultiThreadedExecutor: a model load in a parameter "
+             "change does not hold up frames) or `events` (rclpy's EventsExecutor: callbacks cost far less "
+             "CPU and GIL, which a node serving several cameras needs; docs/ros.md)"),
     Variable("DYNNET_HOST_ID", "text", "host name + `/etc/machine-id`",
              "the host this process runs on, as its nodes' memory profiles name it: a budget manager splits "
              "only its own host's memory, among its own host's nodes"),
@@ -115,6 +121,7 @@ class Settings:
     planner: PlannerSettings
     tensorrt: TensorRTSettings
     host_id: str   # this machine, as memory profiles name it (several computers share one ROS domain)
+    executor: str  # threads | events (EXECUTORS)
 
 
 def _machine_host_id(machine_id_file: Path = Path("/etc/machine-id")) -> str:
@@ -210,6 +217,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             device=read.integer("DYNNET_TRT_DEVICE", 0),
         ),
         host_id=read.raw("DYNNET_HOST_ID") or _machine_host_id(),
+        executor=read.choice("DYNNET_EXECUTOR", EXECUTORS, "threads"),
     )
 
 

@@ -94,12 +94,15 @@ class Cameras:
                          if t >= t0 and n == name and predicate(level, message, values)), None)
 
 
-@pytest.fixture(scope="module")
-def cameras(tmp_path_factory):
+@pytest.fixture(scope="module", params=["threads", "events"])
+def cameras(request, tmp_path_factory):
+    """The node process spinning on each executor DYNNET_EXECUTOR offers (nodes/base.make_executor)."""
     tmp = tmp_path_factory.mktemp("multi_camera")
     params = {"threads": 1, "max_input_side": 0, "cameras": list(CAMERAS), "batch_window_ms": 20.0}
-    with lane_node(tmp, NS, params, lambda: Cameras().started()) as client:
-        yield client
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("DYNNET_EXECUTOR", request.param)
+        with lane_node(tmp, NS, params, lambda: Cameras().started()) as client:
+            yield client
 
 
 def _publish_until(client: Cameras, cams: tuple[str, ...], done, what: str) -> None:

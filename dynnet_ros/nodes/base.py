@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +31,13 @@ from rclpy.qos_overriding_options import QoSOverridingOptions
 from rclpy.signals import SignalHandlerOptions
 from rclpy.timer import Timer
 
+try:  # optional: rclpy's C++ EventsExecutor (Kilted); an rclpy without it spins on threads
+    from rclpy.experimental import EventsExecutor
+except ImportError:  # pragma: no cover - depends on the rclpy release
+    EventsExecutor = None  # type: ignore[assignment]
+
 from dynnet_ros.nodes.stop_signal import StopRequested, StopSignal
+from dynnet_ros.settings import settings
 
 #: how long a callback still running at a stop signal (a model load, a re-plan) may take to finish
 CALLBACK_GRACE_S = 1.0
@@ -214,6 +221,20 @@ def run_node(factory: Callable[[], Node], args: list[str] | None = None) -> int:
     return serve(getattr(factory, "__name__", "node"), build, args, threads=2)
 
 
+def make_executor(threads: int) -> Executor:
+    """The process's executor (``DYNNET_EXECUTOR``): ``threads``, a MultiThreadedExecutor of
+    ``threads`` threads, so a slow parameter change (a model load) runs beside the sensor
+    callbacks; or ``events``, rclpy's EventsExecutor, one thread whose wait loop is C++. The
+    MultiThreadedExecutor builds its wait set in Python for every callback, holding the GIL
+    that a model node's worker needs between engine runs: with several cameras' frames and
+    CameraInfo arriving, that loop takes most of a core, and the worker waits for it."""
+    if settings().executor == "events":
+        if EventsExecutor is not None:
+            return EventsExecutor()
+        warnings.warn("this rclpy has no EventsExecutor: the node spins on threads", stacklevel=2)
+    return MultiThreadedExecutor(num_threads=threads)
+
+
 def serve(name: str, build: Callable[[Executor], Callable[[], list[Node]]], args: list[str] | None = None, *,
           threads: int = 2, on_callback_error: Callable[[Exception], None] | None = None) -> int:
     """rclpy.init, spin until SIGINT/SIGTERM, then shut down in order; exit code 0 on a stop signal.
@@ -234,7 +255,7 @@ def serve(name: str, build: Callable[[Executor], Callable[[], list[Node]]], args
     with StopSignal() as stop:
         try:
             with rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO):
-                executor = MultiThreadedExecutor(num_threads=threads)
+                executor = make_executor(threads)
                 hosted: Callable[[], list[Node]] = list
                 try:
                     with stop.starting():
@@ -246,7 +267,10 @@ def serve(name: str, build: Callable[[Executor], Callable[[], list[Node]]], args
                             if on_callback_error is None:
                                 raise
                             on_callback_error(exc)
-                    executor.shutdown(timeout_sec=0, wait_for_threads=False)  # idle workers end
+                    if isinstance(executor, MultiThreadedExecutor):
+                        executor.shutdown(timeout_sec=0, wait_for_threads=False)  # idle workers end
+                    else:
+                        executor.shutdown(timeout_sec=0)
                 finally:
                     nodes = list(reversed(hosted()))
                     for node in nodes:  # every node's threads stop together ...
