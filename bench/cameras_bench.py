@@ -341,13 +341,15 @@ def plot(rows: list[dict], path: Path) -> None:
 
     models = sorted({row["model"] for row in rows})
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for model in models:
+    for index, model in enumerate(models):
         mine = [row for row in rows if row["model"] == model and "pss_ratio" in row]
         counts = [row["cameras"] for row in mine]
         for layout, style in (("multi", "-o"), ("separate", "--x")):
-            axes[0].plot(counts, [row[layout]["aggregate_hz"] for row in mine], style, label=f"{model} {layout}")
-            axes[1].plot(counts, [row[layout]["total_pss_mb"] for row in mine], style, label=f"{model} {layout}")
-    axes[0].set(xlabel="cameras", ylabel="outputs per second (all cameras)", title="throughput")
+            label, colour = f"{model} {layout}", f"C{index}"
+            axes[0].plot(counts, [row[layout]["aggregate_hz"] for row in mine], style, color=colour, label=label)
+            axes[1].plot(counts, [row[layout]["total_pss_mb"] for row in mine], style, color=colour, label=label)
+    axes[0].set(xlabel="cameras (solid: one node for all, dashed: one node per camera)",
+                ylabel="outputs per second (all cameras)", title="throughput")
     axes[1].set(xlabel="cameras", ylabel="MiB", title="total PSS of the model processes")
     axes[0].legend(fontsize=7)
     fig.tight_layout()

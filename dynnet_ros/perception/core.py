@@ -25,6 +25,7 @@ from dynnet_ros.perception.preprocess import Preprocess, PreprocessOptions, buil
 REFERENCE_FRAME = (480, 640)
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 class PerceptionCore(Generic[F]):
@@ -130,6 +131,16 @@ class PerceptionCore(Generic[F]):
         size = self.frames_per_run
         for start in range(0, len(items), size):
             yield items[start: start + size]
+
+    def _in_runs(self, count: int, alone: Callable[[int], R],
+                 together: Callable[[Sequence[int]], list[R]]) -> list[R]:
+        """Results for items ``0..count-1`` in runs of ``frames_per_run``: ``alone(i)`` for a run
+        of one (the one-frame path and its buffers), ``together(indices)`` for a run of several
+        (one engine run), in order."""
+        out: list[R] = []
+        for chunk in self._chunks(range(count)):
+            out.extend([alone(chunk[0])] if len(chunk) == 1 else together(chunk))
+        return out
 
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         runner = self.runner

@@ -113,13 +113,11 @@ class DepthEstimator(PerceptionCore[DepthFormat]):
             raise ValueError(f"sources must be a list with one camera name per frame ({len(frames)}), "
                              f"got {sources!r:.80}")
         checked = [(None, None) if item is None else _checked_lidar(*_pair(item)) for item in lidars]
-        out: list[Depth] = []
-        for chunk in self._chunks(range(len(frames))):
-            if len(chunk) == 1:
-                i = chunk[0]
-                points, k = checked[i]
-                out.append(self(frames[i], points, k, source=sources[i]))
-                continue
+        def alone(i: int) -> Depth:
+            points, k = checked[i]
+            return self(frames[i], points, k, source=sources[i])
+
+        def together(chunk: Sequence[int]) -> list[Depth]:
             with self._lock:
                 tensor, boxes = self._prepare_batch([frames[i] for i in chunk])
                 feeds = {self.preprocess.input_name: tensor}
@@ -129,9 +127,10 @@ class DepthEstimator(PerceptionCore[DepthFormat]):
                     seen = [self._fill_lidar(lidar[row, 0], *checked[i], boxes[row]) for row, i in enumerate(chunk)]
                     feeds[LIDAR_INPUT] = lidar
                 value = self._run(feeds)[self.output_name]
-            out.extend(self._finish(value[row: row + 1], boxes[row], *checked[i], seen[row], sources[i])
-                       for row, i in enumerate(chunk))
-        return out
+            return [self._finish(value[row: row + 1], boxes[row], *checked[i], seen[row], sources[i])
+                    for row, i in enumerate(chunk)]
+
+        return self._in_runs(len(frames), alone, together)
 
     def _finish(self, value: np.ndarray, box: Letterbox, points: np.ndarray | None, k: np.ndarray | None,
                 in_view: int, source: str) -> Depth:

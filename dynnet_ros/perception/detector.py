@@ -75,17 +75,16 @@ class Detector(PerceptionCore[DetectionFormat]):
     def batch(self, frames: Sequence[np.ndarray]) -> list[Detections]:
         """``self(frame)`` for each frame, in one engine run per ``max_batch`` frames; frames of
         different sizes share the largest padded input size, boxes come back in each frame's pixels."""
-        out: list[Detections] = []
-        for chunk in self._chunks(check_frames(frames)):
-            if len(chunk) == 1:
-                out.append(self(chunk[0]))
-                continue
-            with self._lock:
-                tensor, boxes = self._prepare_batch(chunk)
-                outputs = self._run(self._feeds(tensor))
-                raws = [self.format.decode(frame_of(outputs, i), box) for i, box in enumerate(boxes)]
-            out.extend(self._finish(raw, box) for raw, box in zip(raws, boxes))
-        return out
+        frames = check_frames(frames)
+        return self._in_runs(len(frames), lambda i: self(frames[i]),
+                             lambda chunk: self._run_together([frames[i] for i in chunk]))
+
+    def _run_together(self, frames: Sequence[np.ndarray]) -> list[Detections]:
+        with self._lock:
+            tensor, boxes = self._prepare_batch(frames)
+            outputs = self._run(self._feeds(tensor))
+            raws = [self.format.decode(frame_of(outputs, i), box) for i, box in enumerate(boxes)]
+        return [self._finish(raw, box) for raw, box in zip(raws, boxes)]
 
     def _feeds(self, tensor: np.ndarray) -> dict[str, np.ndarray]:
         return {self.preprocess.input_name: tensor,

@@ -79,16 +79,15 @@ class Segmenter(PerceptionCore[SegmentationFormat]):
     def batch(self, frames: Sequence[np.ndarray]) -> list[Segmentation]:
         """``self(frame)`` for each frame, in one engine run per ``max_batch`` frames; frames of
         different sizes share the largest padded input size, maps come back at each frame's size."""
-        out: list[Segmentation] = []
-        for chunk in self._chunks(check_frames(frames)):
-            if len(chunk) == 1:
-                out.append(self(chunk[0]))
-                continue
-            with self._lock:
-                tensor, boxes = self._prepare_batch(chunk)
-                value = self._run({self.preprocess.input_name: tensor})[self.output_name]
-            out.extend(self._finish(value[i: i + 1], box) for i, box in enumerate(boxes))
-        return out
+        frames = check_frames(frames)
+        return self._in_runs(len(frames), lambda i: self(frames[i]),
+                             lambda chunk: self._run_together([frames[i] for i in chunk]))
+
+    def _run_together(self, frames: Sequence[np.ndarray]) -> list[Segmentation]:
+        with self._lock:
+            tensor, boxes = self._prepare_batch(frames)
+            value = self._run({self.preprocess.input_name: tensor})[self.output_name]
+        return [self._finish(value[i: i + 1], box) for i, box in enumerate(boxes)]
 
     def _finish(self, value: np.ndarray, box: Letterbox) -> Segmentation:
         """One frame's output (batch axis 1) as a Segmentation in the frame's pixels."""
