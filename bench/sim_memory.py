@@ -53,6 +53,7 @@ def main() -> None:
     parser.add_argument("--cameras", nargs="+", default=["front", "left", "right", "rear"])
     parser.add_argument("--seconds", type=float, default=22.0)
     args = parser.parse_args()
+    os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")   # the probe and the simulator stay on loopback
     rclpy.init()
     print("| cameras | peak RSS | frames published per camera |\n|---|---|---|")
     runs: list[list[str]] = [[], args.cameras]
