@@ -121,16 +121,6 @@ class GraphBuilder:
         return self.op("Conv", ins, prefix=prefix, kernel_shape=[k, k], strides=[stride, stride],
                        pads=[p, p, p, p], group=groups)
 
-    def conv_fixed(self, x: str, weight: np.ndarray, bias: np.ndarray | None = None,
-                   prefix: str = "handconv", pads: Sequence[int] | None = None) -> str:
-        """Conv with hand-designed (not random) weights."""
-        k_h, k_w = weight.shape[2:]
-        ins = [x, self.weight(f"{prefix}_w", weight.astype(np.float32))]
-        if bias is not None:
-            ins.append(self.weight(f"{prefix}_b", bias.astype(np.float32)))
-        pads = list(pads) if pads is not None else [k_h // 2, k_w // 2, k_h // 2, k_w // 2]
-        return self.op("Conv", ins, prefix=prefix, kernel_shape=[k_h, k_w], pads=pads)
-
     def bn(self, x: str, c: int, prefix: str = "bn") -> str:
         """BatchNormalization (inference form) with mild random statistics."""
         r = self.rng
