@@ -103,7 +103,9 @@ def find_gaps(outputs: list[float], inputs: list[float], start: float, end: floa
     ``end``; only gaps over ``stall_s`` in which input kept coming and the node processed nothing
     are listed: stalls when they are also over ``stall_s * slowdown``, else long gaps.
     ``counters``: the node's diagnostics rows (time, frames_received, frames_processed). Each
-    entry: start/end (s from ``start``), gap_s, inputs, input_expected, node_received/processed.
+    entry: start/end (s from ``start``), gap_s, inputs, input_expected, node_received/processed,
+    node_reports (the node's diagnostics in the gap: none means the node itself was silent, some
+    with nothing received means its frames were lost on the way).
     """
     outs = sorted(t for t in outputs if start <= t <= end)
     ins = np.asarray(sorted(inputs), float)
@@ -120,12 +122,13 @@ def find_gaps(outputs: list[float], inputs: list[float], start: float, end: floa
         expected = 0.5 * gap / in_gap if in_gap else float("inf")
         received, span = _counter_delta(list(counters), a, b, 1)
         processed, _ = _counter_delta(list(counters), a, b, 2)
+        reports = sum(1 for row in counters if a < row[0] < b)
         node_fed = bool(in_gap) and span > 0 and received >= 0.5 * span / in_gap
         if processed > 0 or not (arrived >= expected or node_fed):
             continue
         entry = {"start_s": round(a - start, 2), "end_s": round(b - start, 2), "gap_s": round(gap, 2),
                  "inputs": arrived, "input_expected": round(expected, 1), "node_received": received,
-                 "node_processed": processed, "open": b == end}
+                 "node_processed": processed, "node_reports": reports, "open": b == end}
         (stalls if gap > stall_s * max(1.0, slowdown) else long_gaps).append(entry)
     return stalls, long_gaps
 

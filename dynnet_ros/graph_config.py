@@ -287,9 +287,26 @@ def load_graph(path: str | Path) -> GraphConfig:
 
 def default_config_path() -> Path:
     """The installed share/dynnet_ros/config/vehicle.yaml, else the source checkout's copy."""
-    checkout = Path(__file__).resolve().parents[1] / "config" / "vehicle.yaml"
+    return config_file("vehicle.yaml")
+
+
+def config_file(name: str) -> Path:
+    """The package's config file ``name``: the source checkout's copy, else the installed
+    share/dynnet_ros/config one (the checkout's path when neither is found)."""
+    checkout = Path(__file__).resolve().parents[1] / "config" / name
     if checkout.is_file():
         return checkout
+    try:
+        # optional: ament_index_python exists only where ROS is installed or its wheel was added
+        from ament_index_python.packages import PackageNotFoundError, get_package_share_directory
+
+        try:
+            return Path(get_package_share_directory(PACKAGE)) / "config" / name
+        except PackageNotFoundError:
+            pass
+    except ImportError:
+        pass
+    return checkout
     try:
         # optional: ament_index_python exists only where ROS is installed or its wheel was added
         from ament_index_python.packages import PackageNotFoundError, get_package_share_directory

@@ -26,6 +26,7 @@ from dynnet_ros.graph_config import (
     process_arguments,
     write_process_files,
 )
+from dynnet_ros.graph_transport import transport_env
 from dynnet_ros.supervisor.preflight import check_in_child, measure_in_child
 
 
@@ -82,7 +83,9 @@ def _node(process: ProcessSpec, files: str) -> Node:
                 namespace=process.namespace or None, output="screen", arguments=arguments,
                 parameters=parameters, remappings=list(process.remappings),
                 respawn=process.respawn.enabled, respawn_delay=process.respawn.delay_s,
-                respawn_max_retries=process.respawn.max_retries)
+                respawn_max_retries=process.respawn.max_retries,
+                # image publishers get the transport profile their frames need (graph_transport)
+                additional_env=transport_env(process, os.environ) or None)
 
 
 def generate_launch_description() -> LaunchDescription:

@@ -52,6 +52,7 @@ LAYERS: dict[str, int] = {
     "dynnet_ros.view": 7,  # live view: ROS-free conversions to Foxglove messages, the loopback server
     "dynnet_ros.graph_config": 8,
     "dynnet_ros.graph_cameras": 8,
+    "dynnet_ros.graph_transport": 8,
     "dynnet_ros.nodes": 8,
     "dynnet_ros.supervisor": 8,
     "dynnet_ros.commands": 8,

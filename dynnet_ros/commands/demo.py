@@ -33,6 +33,7 @@ from rich.table import Table
 from dynnet_ros.commands.demo_frames import FrameRecorder, render_montage
 from dynnet_ros.commands.replay import BackgroundReplay, graph_cameras
 from dynnet_ros.graph_cameras import with_cameras
+from dynnet_ros.graph_transport import use_image_profile
 from dynnet_ros.nodes.background import BackgroundNode
 from dynnet_ros.nodes.diagnostics import level_value, status_values
 from dynnet_ros.sim.rig import demo_cameras
@@ -243,6 +244,8 @@ def run(args: argparse.Namespace) -> int:
     else:  # a config with several cameras of its own (config/vehicle_4cam.yaml): the montage shows the first
         cameras = next((list(n.parameters["cameras"]) for n in config.nodes
                         if n.executable == "sensor_sim" and n.parameters.get("cameras")), [])
+    if args.bag is not None:  # this process plays the bag's camera frames: before its first participant
+        use_image_profile()
     bag_replay = None if args.bag is None else \
         BackgroundReplay(args.bag, args.namespace, graph_cameras(config))  # checked before any work
     report = Path(args.report)

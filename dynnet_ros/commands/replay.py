@@ -38,6 +38,7 @@ from dynnet_ros.bags.writer import standard_typestore
 from dynnet_ros.commands import CommandError
 from dynnet_ros.commands.bag_player import ACK_WAIT_S, BagPlayer
 from dynnet_ros.graph_config import GraphConfig, ProcessSpec, fq_node_name, map_hosted, recorder_process
+from dynnet_ros.graph_transport import use_image_profile
 from dynnet_ros.nodes.camera_inputs import camera_inputs
 from dynnet_ros.nodes.message_types import message_class
 from dynnet_ros.nodes.recording_graph import wait_for_recorder
@@ -196,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
     if args.record is not None and args.no_graph:
         raise CommandError("--record records the graph this command starts; it cannot be used with --no-graph")
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")  # the player too, as the graph's nodes
+    use_image_profile()  # the player publishes the bag's camera frames: before its first participant
     config: GraphConfig | None = None if args.no_graph else load_config(args.config)
     bag, plan = open_checked(args.bag, args.topics, tuple(args.remap), args.namespace, args.loop, graph_cameras(config))
     with bag:

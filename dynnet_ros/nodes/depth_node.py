@@ -25,6 +25,7 @@ from rclpy.time import Time
 from sensor_msgs.msg import Image, PointCloud2
 
 from dynnet_ros.geometry import extrinsic_matrix, transform_points
+from dynnet_ros.graph_transport import use_image_profile
 from dynnet_ros.nodes.base import SENSOR_QOS_OVERRIDES, ParamSpec, run_node
 from dynnet_ros.nodes.camera_inputs import CameraInput
 from dynnet_ros.nodes.convert import array_to_image, cloud_to_xyzi
@@ -173,6 +174,7 @@ class DepthNode(ModelNode[DepthEstimator]):
 
 
 def main(args: list[str] | None = None) -> int:
+    use_image_profile()  # it publishes images: the transport profile they need (graph_transport)
     return run_node(DepthNode, args)
 
 

@@ -16,6 +16,7 @@ import numpy as np
 from rclpy.publisher import Publisher
 from sensor_msgs.msg import Image
 
+from dynnet_ros.graph_transport import use_image_profile
 from dynnet_ros.nodes.base import ParamSpec, run_node
 from dynnet_ros.nodes.camera_inputs import CameraInput
 from dynnet_ros.nodes.convert import array_to_image
@@ -101,6 +102,7 @@ class LaneNode(ModelNode[Segmenter]):
 
 
 def main(args: list[str] | None = None) -> int:
+    use_image_profile()  # it publishes images: the transport profile they need (graph_transport)
     return run_node(LaneNode, args)
 
 

@@ -33,6 +33,7 @@ from rclpy.timer import Timer
 from sensor_msgs.msg import CameraInfo, Image, PointCloud2
 from std_msgs.msg import Header
 
+from dynnet_ros.graph_transport import use_image_profile
 from dynnet_ros.nodes import diagnostics as diag
 from dynnet_ros.nodes.base import SENSOR_QOS_OVERRIDES, ParamSpec, declare, run_node, steady_timer
 from dynnet_ros.nodes.convert import array_to_image, xyzi_to_cloud
@@ -247,6 +248,7 @@ class SensorSim(Node):
 
 
 def main(args: list[str] | None = None) -> int:
+    use_image_profile()  # it publishes images: the transport profile they need (graph_transport)
     return run_node(SensorSim, args)
 
 

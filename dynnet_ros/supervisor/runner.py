@@ -46,6 +46,7 @@ from typing import Any
 
 from dynnet_ros.budget.oom import MemorySignals, oom_evidence, process_cgroup, read_signals
 from dynnet_ros.budget.protocol import BUDGET_PARAM, OWNER_PARAM, NodeEvent
+from dynnet_ros.bytesize import to_mb
 from dynnet_ros.graph_config import (
     GraphConfig,
     ProcessSpec,
@@ -60,8 +61,10 @@ from dynnet_ros.graph_config import (
     with_parameters,
     write_process_files,
 )
+from dynnet_ros.graph_transport import transport_env
 from dynnet_ros.nodes.supervisor_link import SupervisorLink
 from dynnet_ros.supervisor.preflight import check_in_child, measure_in_child
+from dynnet_ros.supervisor.shm_orphans import remove_orphans
 
 _PR_SET_PDEATHSIG = 1
 #: how often the supervisor reads each live node's memory counters (the "before" of an OOM verdict)
@@ -190,13 +193,14 @@ class GraphRunner:
             self.link = SupervisorLink(self.namespace, nodes, self.runtime, self._on_parameter_change,
                                        recorder=recorder)
         for node, cmd in self.commands():
-            proc, reader = self._spawn(node.name, cmd)
+            proc, reader = self._spawn(node, cmd)
             self.children.append(Child(node, cmd, proc, reader))
 
-    def _spawn(self, name: str, cmd: list[str]) -> tuple[subprocess.Popen, threading.Thread]:
+    def _spawn(self, process: ProcessSpec, cmd: list[str]) -> tuple[subprocess.Popen, threading.Thread]:
+        env = {**self.env, **transport_env(process, self.env)}
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                env=self.env, text=True, bufsize=1, preexec_fn=_child_setup)
-        reader = threading.Thread(target=self._forward, args=(name, proc), daemon=True)
+                                env=env, text=True, bufsize=1, preexec_fn=_child_setup)
+        reader = threading.Thread(target=self._forward, args=(process.name, proc), daemon=True)
         reader.start()
         return proc, reader
 
@@ -259,6 +263,7 @@ class GraphRunner:
         name, policy = child.node.name, child.node.respawn
         with contextlib.suppress(ProcessLookupError, PermissionError):  # what the node itself started goes with it
             os.killpg(child.proc.pid, signal.SIGKILL)
+        self._remove_shm_orphans()
         if code == 0:
             self._leave_down(name, "exited with status 0 without being asked to stop; not restarted")
             return
@@ -328,7 +333,7 @@ class GraphRunner:
         if overrides:
             spec = restart_process(child.node, overrides)
             argv = node_command(spec, write_process_files(spec, self._tmp.name, suffix=".restart"))
-        child.proc, child.reader = self._spawn(child.node.name, argv)
+        child.proc, child.reader = self._spawn(child.node, argv)
         child.restart_at, child.oom_events = None, {}
         child.signals, child.earlier, child.signals_at = MemorySignals(), None, -1.0e9
         child.restarts += 1
@@ -403,7 +408,16 @@ class GraphRunner:
         if self.link is not None:
             self.link.close()
         self._tmp.cleanup()
+        self._remove_shm_orphans()
         return {c.node.name: c.proc.returncode for c in self.children}
+
+    def _remove_shm_orphans(self) -> None:
+        """Free the shared memory that killed processes left behind (``shm_orphans``)."""
+        removed = remove_orphans()
+        segments = [size for path, size in removed if not path.name.endswith("_el")]
+        if segments:
+            self._report("INFO", f"removed {len(segments)} shared-memory segments ({to_mb(sum(segments)):.1f} MB) "
+                                 "that ended DDS participants left in /dev/shm")
 
     def __enter__(self) -> GraphRunner:
         self.start()
