@@ -14,7 +14,10 @@ camera's output. Measured over ``--window`` seconds after ``--warmup``: per-came
 p50/p95 latency (output received minus the input frame's stamp, which the output carries),
 total PSS of the model processes (/proc/PID/smaps_rollup) and CPU (user + system) per frame
 served. Layouts alternate and swap order each round (``--rounds``) so load drift falls on both.
-``--executor`` sets ``DYNNET_EXECUTOR`` for the model nodes of both layouts.
+``--executor`` sets ``DYNNET_EXECUTOR`` for the model nodes of both layouts. Each layout's engine
+threads (the node parameter ``threads``: ``--multi-threads``, ``--separate-threads``; 0 = the
+node's default, one per CPU the process may run on) and the multi node's ``batches_in_flight``
+(``--in-flight``; 0 = the node's default) are stated with its results.
 
 Transport: every process of a run (publisher, model nodes, probe) uses the Fast DDS profile
 ``--fastdds-profile`` (default ``config/fastdds_cameras.xml``: a shared-memory segment that holds
@@ -24,7 +27,7 @@ several cameras sent at once: the loss would be the transport's, not the layout'
 
 Usage: python bench/cameras_bench.py [--models lane,pedestrian,depth,yolov8n] [--cameras 1,2,4,6]
        [--rate 10] [--warmup 15] [--window 20] [--rounds 1] [--stagger] [--fastdds-profile FILE|default]
-       [--executor threads|events]
+       [--executor threads|events] [--multi-threads N] [--separate-threads N] [--in-flight N]
        [--json out.json] [--png out.png]
 Runs with its own ROS_DOMAIN_ID unless one is set, and ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST.
 """
@@ -54,8 +57,10 @@ from rclpy.qos import qos_profile_sensor_data
 from sensor_msgs.msg import CameraInfo, Image, PointCloud2
 from std_msgs.msg import Header
 
+from dynnet_ros.engine.plan.options import default_threads
 from dynnet_ros.nodes.convert import array_to_image, xyzi_to_cloud
 from dynnet_ros.nodes.message_types import message_class
+from dynnet_ros.perception.serving import batches_in_flight
 from dynnet_ros.sim.frames import SimSettings, camera_info_fields, render_frame
 from dynnet_ros.supervisor.runner import stop_process_group
 
@@ -207,6 +212,8 @@ class RunResult:
     total_pss_mb: float
     cpu_ms_per_frame: float
     load_average: float
+    threads: int        # each model process's engine threads
+    in_flight: int      # batches each model process serves at once
 
     @property
     def aggregate_hz(self) -> float:
@@ -226,20 +233,32 @@ def params_file(directory: Path, name: str, params: dict) -> Path:
     return path
 
 
+def layout_settings(layout: str, cameras: int, args: argparse.Namespace) -> tuple[dict, int, int]:
+    """The node parameters ``layout`` sets besides the model's, and the engine threads and batches
+    in flight each of its processes runs with (a 0 parameter resolved as the node resolves it)."""
+    threads = args.multi_threads if layout == "multi" else args.separate_threads
+    params: dict = {"threads": threads}
+    if layout == "multi":
+        params.update(cameras=[f"cam{i}" for i in range(cameras)], batches_in_flight=args.in_flight)
+    in_flight = batches_in_flight(params if layout == "multi" else {"batches_in_flight": 0},
+                                  cameras if layout == "multi" else 1)
+    return params, threads or default_threads(), in_flight
+
+
 def start_nodes(spec: ModelSpec, layout: str, cameras: int, namespace: str, directory: Path,
-                logs: list) -> list[subprocess.Popen]:
-    """The model process(es) of ``layout`` for ``cameras`` cameras."""
+                logs: list, params: dict) -> list[subprocess.Popen]:
+    """The model process(es) of ``layout`` for ``cameras`` cameras, with ``params`` besides the model's."""
     base = [sys.executable, "-m", spec.module, "--ros-args"]
     names = [f"cam{i}" for i in range(cameras)]
     if layout == "multi":
         command_sets = [base + ["-r", f"__ns:={namespace}", "--params-file",
-                                str(params_file(directory, "multi", {**spec.params, "cameras": names}))]]
+                                str(params_file(directory, "multi", {**spec.params, **params}))]]
     else:
-        single = params_file(directory, "single", spec.params) if spec.params else None
+        single = params_file(directory, "single", {**spec.params, **params})
         command_sets = [base + ["-r", f"__ns:={namespace}/{name}", "-r", "camera/image_raw:=image_raw",
                                 "-r", "camera/camera_info:=camera_info",
-                                "-r", f"lidar/points:={namespace}/lidar/points"]
-                        + (["--params-file", str(single)] if single else []) for name in names]
+                                "-r", f"lidar/points:={namespace}/lidar/points", "--params-file", str(single)]
+                        for name in names]
     procs = []
     for index, command in enumerate(command_sets):
         log = (directory / f"{layout}-{index}.log").open("w")
@@ -258,7 +277,8 @@ def run_layout(spec: ModelSpec, layout: str, cameras: int, args: argparse.Namesp
                                       "--rate", str(args.rate)] + (["--stagger"] if args.stagger else []),
                                      cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      start_new_session=True)
-        nodes = start_nodes(spec, layout, cameras, namespace, directory, logs)
+        params, threads, in_flight = layout_settings(layout, cameras, args)
+        nodes = start_nodes(spec, layout, cameras, namespace, directory, logs, params)
         probe = OutputProbe(namespace, spec, cameras)
         try:
             deadline = time.monotonic() + UP_TIMEOUT_S
@@ -287,7 +307,7 @@ def run_layout(spec: ModelSpec, layout: str, cameras: int, args: argparse.Namesp
                      round(float(np.percentile(every, 50)), 1) if every else float("nan"),
                      round(float(np.percentile(every, 95)), 1) if every else float("nan"),
                      round(total_pss, 1), round(cpu * 1e3 / frames, 1) if frames else float("nan"),
-                     round(os.getloadavg()[0], 1))
+                     round(os.getloadavg()[0], 1), threads, in_flight)
 
 
 # ---------------------------------------------------------------------------------------- report
@@ -308,6 +328,9 @@ def summarise(runs: list[RunResult]) -> list[dict]:
                 "latency_p95_ms": statistics.median(r.latency_p95_ms for r in mine),
                 "total_pss_mb": statistics.median(r.total_pss_mb for r in mine),
                 "cpu_ms_per_frame": statistics.median(r.cpu_ms_per_frame for r in mine),
+                "threads": mine[0].threads,
+                "in_flight": mine[0].in_flight,
+                "load_average": [r.load_average for r in mine],
             }
         if "multi" in row and "separate" in row:
             multi, separate = row["multi"], row["separate"]
@@ -319,15 +342,17 @@ def summarise(runs: list[RunResult]) -> list[dict]:
 
 
 def print_table(rows: list[dict]) -> None:
-    print("| model | cameras | layout | min camera Hz | total Hz | p50 / p95 ms | total PSS MiB | CPU ms/frame |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | cameras | layout | threads x in flight | min camera Hz | total Hz | p50 / p95 ms | total PSS MiB "
+          "| CPU ms/frame | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         for layout in ("multi", "separate"):
             if layout in row:
                 m = row[layout]
-                print(f"| {row['model']} | {row['cameras']} | {layout} | {m['min_camera_hz']:.2f} | "
-                      f"{m['aggregate_hz']:.2f} | {m['latency_p50_ms']:.0f} / {m['latency_p95_ms']:.0f} | "
-                      f"{m['total_pss_mb']:.0f} | {m['cpu_ms_per_frame']:.1f} |")
+                print(f"| {row['model']} | {row['cameras']} | {layout} | {m['threads']} x {m['in_flight']} | "
+                      f"{m['min_camera_hz']:.2f} | {m['aggregate_hz']:.2f} | {m['latency_p50_ms']:.0f} / "
+                      f"{m['latency_p95_ms']:.0f} | {m['total_pss_mb']:.0f} | {m['cpu_ms_per_frame']:.1f} | "
+                      f"{'/'.join(f'{v:g}' for v in m['load_average'])} |")
     print("\n| model | cameras | PSS multi / separate | throughput multi / separate |\n|---|---|---|---|")
     for row in rows:
         if "pss_ratio" in row:
@@ -370,6 +395,12 @@ def main() -> int:
                         help="Fast DDS XML profile for every process of a run ('default': Fast DDS's own settings)")
     parser.add_argument("--executor", choices=("threads", "events"),
                         help="DYNNET_EXECUTOR for every model node of both layouts (default: as set, else threads)")
+    parser.add_argument("--multi-threads", type=int, default=0,
+                        help="engine threads of the multi-camera node (0: the node's default)")
+    parser.add_argument("--separate-threads", type=int, default=0,
+                        help="engine threads of each single-camera node (0: the node's default)")
+    parser.add_argument("--in-flight", type=int, default=0,
+                        help="batches_in_flight of the multi-camera node (0: the node's default)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--png", type=Path)
     parser.add_argument("--publish", type=int, help=argparse.SUPPRESS)
@@ -404,6 +435,7 @@ def main() -> int:
                         print(f"{model} x{cameras} {layout}: {result.aggregate_hz:.2f} Hz "
                               f"(per camera {result.per_camera_hz}), p50 {result.latency_p50_ms} ms, "
                               f"PSS {result.total_pss_mb} MiB, CPU {result.cpu_ms_per_frame} ms/frame, "
+                              f"threads {result.threads} x {result.in_flight} in flight, "
                               f"load {result.load_average}", file=sys.stderr, flush=True)
     finally:
         rclpy.shutdown()

@@ -6,11 +6,12 @@ instead; the frame itself fits the share, and the next frame's charge hands the 
 frame is no overrun. A share below the minimum at the size just run is one."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
 from dynnet_ros.perception.budget_split import BudgetSplit, FrameCosts
+from dynnet_ros.perception.frame_memory import MESSAGE_COPIES
 from dynnet_ros.perception.letterbox import plan_letterbox
 
 
@@ -76,3 +77,12 @@ def test_a_batch_is_charged_at_the_largest_batch_formed_and_every_cameras_messag
     split.charge_frames(MinimumOnly(1.0), lambda: 0.0, [("left", 320 * 240 * 3)], [small], batch=4)
     assert split.frame.messages == four.messages   # left's larger messages are still in flight
     assert split.frame.inputs == costs.batch_bytes([], [small] * 4).inputs < four.inputs
+
+
+def test_each_batch_in_flight_holds_its_own_inputs_and_outputs_and_one_more_message_per_camera():
+    one = FrameCosts(output_bytes_per_pixel=8.0)
+    two = replace(one, in_flight=2)
+    box = plan_letterbox(480, 640, target=(640, 640), multiple=32, scaleup=False)
+    alone, both = one.batch_bytes([1000] * 4, [box] * 4), two.batch_bytes([1000] * 4, [box] * 4)
+    assert (both.inputs, both.scratch, both.outputs) == (2 * alone.inputs, 2 * alone.scratch, 2 * alone.outputs)
+    assert (alone.messages, both.messages) == (MESSAGE_COPIES * 4000, (MESSAGE_COPIES + 1) * 4000)

@@ -204,9 +204,11 @@ def test_empty_and_bad_batches(lane):
 
 def test_batch_reuses_its_tensor_buffer(lane):
     lane.batch(frames(3, seed=10))
-    kept = lane._batch_buffer
+    kept = lane._buffers.tensor
     lane.batch(frames(2, seed=11))    # fewer frames of the same size: the first rows of the same buffer
-    assert lane._batch_buffer is kept
+    assert lane._buffers.tensor is kept
+    lane.batch(frames(1, seed=12))    # a lone frame: the first row, no buffer of its own
+    assert lane._buffers.tensor is kept
 
 
 def test_input_shapes_at_a_batch(lane, depth):

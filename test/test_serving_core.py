@@ -25,7 +25,7 @@ from dynnet_ros.perception import Segmenter
 from dynnet_ros.perception.batch_budget import batch_need
 from dynnet_ros.perception.budget_split import FrameCosts
 from dynnet_ros.perception.mailbox import Arrival, Mailbox
-from dynnet_ros.perception.serving import CAMERA, Decoded, FrameInfo, ServingCore, ServingTask
+from dynnet_ros.perception.serving import CAMERA, Decoded, FrameInfo, Publish, ServingCore, ServingTask
 from dynnet_ros.perception.size_classes import announced_minimums
 
 WEIGHTS = np.array([[4.0, -2.0, -2.0]], np.float32)
@@ -34,7 +34,7 @@ PARAMS: dict[str, Any] = {
     "model_path": "", "model_format": "auto", "backend": "cpu", "threads": 1, "max_input_side": 0,
     "memory_budget_mb": 0.0, "budget_owner": "", "enabled": True, "max_rate_hz": 0.0, "mapping": "",
     "exit_threshold": -1.0, "deadline_ms": 0.0, "camera_sizes": ["96x64"], "classes": [""],
-    "batch_window_ms": 5.0, "max_batch": 0, "max_latency_ms": 100.0,
+    "batch_window_ms": 5.0, "max_batch": 0, "max_latency_ms": 100.0, "batches_in_flight": 0,
 }
 COSTS = FrameCosts(output_bytes_per_pixel=8.0)
 
@@ -61,13 +61,16 @@ class Adapter:
         self.statuses = 0
         self.gate: threading.Event | None = None         # set: frames wait on it inside serve
         self.in_frame = threading.Event()
+        self.published: list[int] = []   # stamps, as the core runs each batch's publishing
+        self.hold: dict[int, threading.Event] = {}   # a frame of this stamp waits after its results are made
+        self.holding = threading.Event()
 
     def decode(self, payload: Any) -> Decoded:
         if isinstance(payload, str):
             raise ValueError(f"cannot decode {payload!r}")
         return Decoded(payload, None, "rgb8", payload.nbytes)
 
-    def serve(self, frames: list[FrameInfo], rgbs: list[np.ndarray], core: Any) -> None:
+    def serve(self, frames: list[FrameInfo], rgbs: list[np.ndarray], core: Any) -> Publish:
         self.in_frame.set()
         if self.gate is not None:
             self.gate.wait()
@@ -79,6 +82,12 @@ class Adapter:
                 np.testing.assert_array_equal(result.mask, core(rgb).mask)   # as the frame alone
             self.served.append((frame.stamp_ns, id(core)))
         self.batches.append([(f.source, f.stamp_ns, f.frame_id, r.mask.shape) for f, r in zip(frames, results)])
+        for frame in frames:
+            if frame.stamp_ns in self.hold:   # post-processing that takes long
+                self.holding.set()
+                self.hold[frame.stamp_ns].wait(timeout=60)
+        stamps = [frame.stamp_ns for frame in frames]
+        return lambda: self.published.extend(stamps)
 
     def outcome(self, arrival: Arrival, what: str) -> None:
         self.outcomes.append((arrival.source, arrival.stamp_ns, what))
@@ -257,7 +266,7 @@ def test_closing_with_a_busy_worker_leaves_the_engine_to_it(serving):
     assert core.unfinished_work() == ["serving_test-worker"]
     assert engine_core not in ClosingSegmenter.closed   # never freed under a running frame
     adapter.gate.set()
-    core.worker.thread.join(timeout=30)
+    core.worker.join(30)
     assert core.unfinished_work() == [] and adapter.served == [(1, id(engine_core))]
 
 
@@ -278,7 +287,8 @@ def _offer_all(core: ServingCore, cameras: list[str], stamp: int) -> None:
 
 def test_four_cameras_run_as_one_batch_and_each_result_goes_back_to_its_camera(serving):
     # a window long enough that three frames offered together always make one batch, even on a loaded machine
-    core, adapter, _ = serving(sources=CAMERAS, batch_window_ms=500.0, max_latency_ms=1000.0)
+    # one batch in flight: the engine runs counted around a batch are that batch's alone
+    core, adapter, _ = serving(sources=CAMERAS, batch_window_ms=500.0, max_latency_ms=1000.0, batches_in_flight=1)
     assert core.model_batch() > 4 and core.batch_limit() == 4
     adapter.gate = threading.Event()
     core.offer("front", 1, "front_optical", frame(*SIZES["front"]))
@@ -329,7 +339,8 @@ def test_a_budget_too_small_for_the_batch_lowers_it_and_says_so(serving):
     adapter.compare = False   # the engine's last run is the batch's
     height, width = SIZES["front"]
     _round(core, 0, height, width)   # unlimited: whole batches
-    needs = {b: batch_need(core.core, COSTS, b, height, width, 4, height * width * 3).need_mb for b in (1, 2, 3, 4)}
+    needs = {b: batch_need(core.core, core.costs, b, height, width, 4, height * width * 3).need_mb
+             for b in (1, 2, 3, 4)}
     assert needs[1] < needs[2] < needs[3] < needs[4]
     budget = round((needs[2] + needs[3]) / 2, 3)   # holds two frames per run, not three
     core.apply({"memory_budget_mb": budget})   # the engine ran four frames: taken by lowering the batch
@@ -348,3 +359,24 @@ def test_a_budget_too_small_for_the_batch_lowers_it_and_says_so(serving):
     core.apply({"memory_budget_mb": 0.0})
     _round(core, 300, height, width)
     assert core.status().level == "ok" and core.batch_budget.cap is None
+
+
+def test_with_several_cameras_two_batches_are_in_flight_and_publish_in_the_order_taken(serving):
+    single, _, _ = serving()
+    assert single.costs.in_flight == 1 and len(single.worker.threads) == 1   # one camera: one frame in flight
+    core, adapter, _ = serving(sources=CAMERAS, batch_window_ms=0.0)   # each frame a batch of its own
+    assert core.costs.in_flight == 2 and len(core.worker.threads) == 2
+    release = adapter.hold[1] = threading.Event()
+    height, width = SIZES["front"]
+    core.offer("front", 1, "front_optical", frame(height, width))
+    wait_for(adapter.holding.is_set, 30, "the first batch in its post-processing")
+    core.offer("left", 2, "left_optical", frame(*SIZES["left"]))
+    wait_for(lambda: [stamp for stamp, _ in adapter.served] == [1, 2], 30, "the second batch run beside the first")
+    assert adapter.published == [] and core.stats.processed == 0   # its results wait for the first's
+    release.set()
+    wait_for(lambda: core.stats.processed == 2, 30, "both batches out")
+    assert adapter.published == [1, 2] and outcomes(adapter, "processed") == [1, 2]
+    # each batch in flight holds its own model input and outputs: both are charged
+    box = core.core.preprocess.plan(*SIZES["left"])
+    alone = COSTS.batch_bytes([], [box])
+    assert core.split.frame.inputs == 2 * alone.inputs and core.split.frame.outputs == 2 * alone.outputs

@@ -29,12 +29,12 @@ from dynnet_ros.graph_transport import use_image_profile
 from dynnet_ros.nodes.base import SENSOR_QOS_OVERRIDES, ParamSpec, run_node
 from dynnet_ros.nodes.camera_inputs import CameraInput
 from dynnet_ros.nodes.convert import array_to_image, cloud_to_xyzi
-from dynnet_ros.nodes.model_node import OUTPUT_QOS, ModelNode
+from dynnet_ros.nodes.model_node import OUTPUT_QOS, ModelNode, publish_all
 from dynnet_ros.nodes.model_params import common_specs, format_spec, input_size
 from dynnet_ros.perception import DepthEstimator
 from dynnet_ros.perception.formats.depth import DEPTH_FORMATS
 from dynnet_ros.perception.results import DepthFit
-from dynnet_ros.perception.serving import FrameInfo
+from dynnet_ros.perception.serving import FrameInfo, Publish
 from dynnet_ros.sim.scene import lidar_to_camera_xyzrpy
 
 
@@ -145,7 +145,7 @@ class DepthNode(ModelNode[DepthEstimator]):
         outputs: DepthOutputs = self.outputs[frame.source]
         return transform_points(extrinsic_matrix(self.params[outputs.extrinsic]), points[:, :3])
 
-    def infer(self, frames: list[FrameInfo], rgbs: list[np.ndarray], core: DepthEstimator) -> None:
+    def infer(self, frames: list[FrameInfo], rgbs: list[np.ndarray], core: DepthEstimator) -> Publish:
         if not core.format.relative:  # read per batch: a change takes effect without reloading the model
             core.depth_scale = float(self.params["depth_scale"])
         core.max_depth_m = float(self.params["max_depth_m"])
@@ -155,11 +155,13 @@ class DepthNode(ModelNode[DepthEstimator]):
             points = self._camera_points(frame) if k is not None else None
             lidars.append((points, k) if points is not None and k is not None else None)
         # a relative model's LiDAR fit is held per camera: one camera's fit never scales another's map
+        messages: list[tuple[Any, Any]] = []
         for frame, depth in zip(frames, core.batch(rgbs, lidars, [frame.source for frame in frames])):
             self._lidar_in_view = depth.lidar_points
             self._fit = depth.fit
             outputs: DepthOutputs = self.outputs[frame.source]
-            outputs.image.publish(array_to_image(depth.metres, "32FC1", frame.header))
+            messages.append((outputs.image, array_to_image(depth.metres, "32FC1", frame.header)))
+        return publish_all(messages)
 
     def extra_diagnostics(self) -> dict:
         values: dict[str, Any] = {"lidar_pixels_in_view": self._lidar_in_view,

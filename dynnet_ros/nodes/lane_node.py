@@ -20,11 +20,11 @@ from dynnet_ros.graph_transport import use_image_profile
 from dynnet_ros.nodes.base import ParamSpec, run_node
 from dynnet_ros.nodes.camera_inputs import CameraInput
 from dynnet_ros.nodes.convert import array_to_image
-from dynnet_ros.nodes.model_node import OUTPUT_QOS, ModelNode
+from dynnet_ros.nodes.model_node import OUTPUT_QOS, ModelNode, publish_all
 from dynnet_ros.nodes.model_params import class_list, classes_spec, common_specs, format_spec, input_size
 from dynnet_ros.perception import Segmenter
 from dynnet_ros.perception.formats.segmentation import segmentation_formats
-from dynnet_ros.perception.serving import FrameInfo
+from dynnet_ros.perception.serving import FrameInfo, Publish
 
 TASK_PARAMETERS = [
     format_spec("Segmentation", segmentation_formats()),
@@ -82,8 +82,9 @@ class LaneNode(ModelNode[Segmenter]):
     def build_core(self, path: str, params: dict[str, Any], memory_budget_mb: float | None) -> Segmenter:
         return make_segmenter(path, params, memory_budget_mb, swappable=True)
 
-    def infer(self, frames: list[FrameInfo], rgbs: list[np.ndarray], core: Segmenter) -> None:
+    def infer(self, frames: list[FrameInfo], rgbs: list[np.ndarray], core: Segmenter) -> Publish:
         threshold = np.float32(self.params["lane_threshold"])  # applies per frame, no reload
+        messages: list[tuple[Publisher, Image]] = []
         for frame, result in zip(frames, core.batch(rgbs)):
             if result.probability is not None:
                 mask = np.greater_equal(result.probability, threshold).view(np.uint8)
@@ -91,9 +92,11 @@ class LaneNode(ModelNode[Segmenter]):
                 mask = result.mask.view(np.uint8)
             self._lane_fraction = float(np.count_nonzero(mask)) / mask.size
             outputs: LaneOutputs = self.outputs[frame.source]
-            outputs.mask.publish(array_to_image(mask * np.uint8(255), "mono8", frame.header))
+            messages.append((outputs.mask, array_to_image(mask * np.uint8(255), "mono8", frame.header)))
             if result.class_map is not None:
-                outputs.labels.publish(array_to_image(label_colours(result.class_map), "rgb8", frame.header))
+                messages.append((outputs.labels, array_to_image(label_colours(result.class_map), "rgb8",
+                                                                frame.header)))
+        return publish_all(messages)
 
     def extra_diagnostics(self) -> dict:
         return {"lane_threshold": self.params["lane_threshold"], "lane_pixel_fraction": self._lane_fraction,

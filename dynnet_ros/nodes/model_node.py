@@ -47,7 +47,7 @@ from dynnet_ros.perception.budget_split import FrameCosts
 from dynnet_ros.perception.core import PerceptionCore
 from dynnet_ros.perception.frame_stats import FrameStats
 from dynnet_ros.perception.mailbox import Arrival
-from dynnet_ros.perception.serving import CAMERA, CoreT, Decoded, FrameInfo, ServingCore, ServingTask
+from dynnet_ros.perception.serving import CAMERA, CoreT, Decoded, FrameInfo, Publish, ServingCore, ServingTask
 
 # Outputs: reliable (so RViz / `ros2 topic echo` defaults receive them, and best-effort
 # subscribers too), keep-last 2 so a slow subscriber never builds a queue.
@@ -68,6 +68,14 @@ def stamp_ns(header: Any) -> int:
 def decode(msg: Image | CompressedImage) -> Decoded:
     """A camera message as the core serves it: a view over msg.data for unpadded rgb8, JPEG/PNG decoded."""
     return Decoded(camera_to_rgb8(msg), msg.header, getattr(msg, "encoding", "rgb8"), len(msg.data))
+
+
+def publish_all(messages: list[tuple[Any, Any]]) -> Publish:
+    """What publishes ``messages`` ((publisher, message) pairs) in order, when called."""
+    def publish() -> None:
+        for publisher, message in messages:
+            publisher.publish(message)
+    return publish
 
 
 class ModelNode(Node, ABC, Generic[CoreT]):
@@ -194,9 +202,11 @@ class ModelNode(Node, ABC, Generic[CoreT]):
         reason when the model fits no format, the named format, or the options)."""
 
     @abstractmethod
-    def infer(self, frames: list[FrameInfo], rgbs: list[np.ndarray], core: CoreT) -> None:
-        """Run the core on a batch of HxWx3 uint8 RGB frames (one per camera at most) and publish
-        each frame's results on its camera's outputs, its header copied from its ``FrameInfo``."""
+    def infer(self, frames: list[FrameInfo], rgbs: list[np.ndarray], core: CoreT) -> Publish:
+        """Run the core on a batch of HxWx3 uint8 RGB frames (one per camera at most) and build
+        each frame's output messages, its header copied from its ``FrameInfo``; return what
+        publishes them on each frame's camera outputs (``publish_all``), which the serving core
+        runs in the order batches were taken (another batch may be in the engine meanwhile)."""
 
     def validate_task_params(self, merged: dict[str, Any], updates: dict[str, Any]) -> None:
         """Cross-parameter checks of subclasses; raise ValueError with the reason."""

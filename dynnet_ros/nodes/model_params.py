@@ -95,7 +95,10 @@ def common_specs(task: str) -> list[ParamSpec]:
                   "old model keeps serving."),
         ParamSpec("backend", "cpu", "Engine backend (see Engine); 'tensorrt' is rejected where unavailable.",
                   check=_backend_check),
-        ParamSpec("threads", 0, "Inference threads for the engine (0 = onnxruntime default).", low=0, high=256),
+        ParamSpec("threads", 0, "Inference threads for the engine (0 = one per CPU this process may run on, "
+                  "os.sched_getaffinity). Several model nodes sharing few cores each take a share; a node "
+                  "serving several cameras is the only model process on its cores and keeps the default.",
+                  low=0, high=256),
         ParamSpec(BUDGET_PARAM, 0.0, "Memory budget for this model in MiB (0 = unlimited); passed to "
                   "Engine.set_memory_budget. Assigned by the budget manager named in budget_owner while it "
                   "runs (a value set by hand is then refused with the reason; docs/budget.md).",
@@ -144,4 +147,9 @@ def common_specs(task: str) -> list[ParamSpec]:
                   "limit and the memory budget may lower it (diagnostics: batch_limit).", low=0, high=64),
         ParamSpec("max_latency_ms", 100.0, "A batch never waits for more frames past the oldest waiting frame's "
                   "arrival plus this (nor past batch_window_ms after its first frame).", low=0.0, high=1.0e4),
+        ParamSpec("batches_in_flight", 0, "Batches served at once, each on a worker thread of its own: with 2 one "
+                  "batch's decoding, pre- and post-processing run beside the other's engine run, outputs still "
+                  "in the order the frames were taken, at the memory of a second batch's frame buffers. "
+                  "0 = 2 with several cameras, 1 with one. Read-only: set it at start.",
+                  low=0, high=4, read_only=True),
     ]

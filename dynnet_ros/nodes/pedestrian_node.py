@@ -26,11 +26,11 @@ from visualization_msgs.msg import Marker, MarkerArray
 
 from dynnet_ros.nodes.base import ParamSpec, run_node
 from dynnet_ros.nodes.camera_inputs import CameraInput
-from dynnet_ros.nodes.model_node import OUTPUT_QOS, ModelNode
+from dynnet_ros.nodes.model_node import OUTPUT_QOS, ModelNode, publish_all
 from dynnet_ros.nodes.model_params import class_list, classes_spec, common_specs, format_spec, input_size
 from dynnet_ros.perception import Detections, Detector
 from dynnet_ros.perception.formats.detection import DETECTION_FORMATS
-from dynnet_ros.perception.serving import FrameInfo
+from dynnet_ros.perception.serving import FrameInfo, Publish
 from dynnet_ros.sim.scene import camera_matrix
 
 try:  # optional: not on PyPI as a wheel; present on robots with a system ROS 2
@@ -96,20 +96,22 @@ class PedestrianNode(ModelNode[Detector]):
     def build_core(self, path: str, params: dict[str, Any], memory_budget_mb: float | None) -> Detector:
         return make_detector(path, params, memory_budget_mb, swappable=True)
 
-    def infer(self, frames: list[FrameInfo], rgbs: list[np.ndarray], core: Detector) -> None:
+    def infer(self, frames: list[FrameInfo], rgbs: list[np.ndarray], core: Detector) -> Publish:
         # thresholds are read per batch: a change takes effect without reloading the model
         core.score_threshold = float(self.params["score_threshold"])
         core.nms_iou = float(self.params["nms_iou"])
         core.max_detections = int(self.params["max_detections"])
+        messages: list[tuple[Any, Any]] = []
         for frame, detections in zip(frames, core.batch(rgbs)):
             self._last_count = len(detections)
             k = self.intrinsics_for(frame)
             if k is None:
                 k = camera_matrix(frame.width, frame.height)
             outputs: PedestrianOutputs = self.outputs[frame.source]
-            outputs.markers.publish(markers(frame, detections, k))
+            messages.append((outputs.markers, markers(frame, detections, k)))
             if outputs.detections is not None:
-                outputs.detections.publish(detection_array(frame, detections))
+                messages.append((outputs.detections, detection_array(frame, detections)))
+        return publish_all(messages)
 
     def extra_diagnostics(self) -> dict:
         core = self.core

@@ -39,6 +39,7 @@ class FrameCosts:
     output_bytes_per_pixel: float = 0.0  # post-processing per camera pixel (result arrays, output message)
     output_const_bytes: int = 64 * 1024
     input_multiple: int = 32             # the zoo models' stride (the first frame's estimate)
+    in_flight: int = 1                   # batches served at once (each holds its own inputs and outputs)
 
     def frame_bytes(self, message_bytes: int, letterbox: Letterbox) -> FrameBytes:
         return frame_bytes(message_bytes, letterbox, input_channels=3 + self.extra_input_channels,
@@ -46,15 +47,18 @@ class FrameCosts:
                            output_const_bytes=self.output_const_bytes)
 
     def batch_bytes(self, message_bytes: Sequence[int], letterboxes: Sequence[Letterbox]) -> FrameBytes:
-        """A batch's buffers: the messages of every camera (``message_bytes``: one each, in
-        flight whether or not in this batch), the batch's model input (every frame padded to
-        the largest, as a batched core feeds the engine), one frame's preprocessing temporaries
-        at a time, and every frame's outputs. One camera, one frame: ``frame_bytes``."""
+        """The buffers of ``in_flight`` such batches: the messages of every camera
+        (``message_bytes``: one each, in flight whether or not in this batch; each batch in
+        flight beyond the first holds one more), each batch's model input (every frame padded
+        to the largest, as a batched core feeds the engine), one frame's preprocessing
+        temporaries at a time per batch, and every frame's outputs. One camera, one frame, one
+        batch in flight: ``frame_bytes``."""
         frames = [self.frame_bytes(0, box) for box in letterboxes]
-        return FrameBytes(messages=MESSAGE_COPIES * sum(int(b) for b in message_bytes),
-                          inputs=len(frames) * max(frame.inputs for frame in frames),
-                          scratch=max(frame.scratch for frame in frames),
-                          outputs=sum(frame.outputs for frame in frames))
+        batches = self.in_flight
+        return FrameBytes(messages=(MESSAGE_COPIES + batches - 1) * sum(int(b) for b in message_bytes),
+                          inputs=batches * len(frames) * max(frame.inputs for frame in frames),
+                          scratch=batches * max(frame.scratch for frame in frames),
+                          outputs=batches * sum(frame.outputs for frame in frames))
 
 
 class BudgetSplit:

@@ -50,10 +50,13 @@ class PerceptionCore(Generic[F]):
         except ValueError as exc:
             raise ValueError(f"{self.info.path} ({self.choice.name}): {exc}") from None
         self.model_path = self.info.path
+        #: held around each engine run; letterboxing and post-processing run outside it, so a
+        #: second thread can prepare its frames while the engine runs another's
         self._lock = threading.Lock()
-        self._buffer: np.ndarray | None = None
-        #: the float32 batch tensor kept between batches; a batch of n frames uses its first n rows
-        self._batch_buffer: np.ndarray | None = None
+        #: per thread, ``tensor``: the float32 input tensor kept between runs (a batch of n frames
+        #: uses its first n rows, a lone frame the first), one per thread as each fills its own
+        #: while another's may be in the engine
+        self._buffers = threading.local()
         self.engine = Engine(self.model_path, backend=backend, threads=threads, memory_budget_mb=memory_budget_mb,
                              swappable=swappable, input_shapes=self.input_shapes(*REFERENCE_FRAME))
         #: what runs frames instead of ``engine.run`` when set (a node's mapped stages, dynnet_ros.mapper)
@@ -99,9 +102,10 @@ class PerceptionCore(Generic[F]):
         return self.engine.min_budget_mb(self.input_shapes(height, width, batch))
 
     def _prepare(self, frame: np.ndarray) -> tuple[np.ndarray, Letterbox]:
-        tensor, box = self.preprocess(frame, self._buffer)
-        if tensor.dtype == np.float32:
-            self._buffer = tensor
+        kept = getattr(self._buffers, "tensor", None)
+        tensor, box = self.preprocess(frame, None if kept is None else kept[:1])
+        if tensor.dtype == np.float32 and (kept is None or not np.may_share_memory(tensor, kept)):
+            self._buffers.tensor = tensor   # another size: this thread's buffer from now on
         return tensor, box
 
     def _prepare_batch(self, frames: Sequence[np.ndarray]) -> tuple[np.ndarray, list[Letterbox]]:
@@ -112,9 +116,9 @@ class PerceptionCore(Generic[F]):
         pad_h, pad_w = max(box.pad_h for box in alone), max(box.pad_w for box in alone)
         boxes = [box.padded_to(pad_h, pad_w, self.preprocess.center) for box in alone]
         shape = self.preprocess.tensor_shape(boxes[0], len(frames))
-        kept = self._batch_buffer
+        kept = getattr(self._buffers, "tensor", None)
         if kept is None or kept.shape[1:] != shape[1:] or kept.shape[0] < shape[0]:
-            kept = self._batch_buffer = np.empty(shape, dtype=np.float32)
+            kept = self._buffers.tensor = np.empty(shape, dtype=np.float32)
         tensor = kept[: len(frames)]
         for i, (frame, box) in enumerate(zip(frames, boxes)):
             self.preprocess.fill(frame, box, tensor[i: i + 1])

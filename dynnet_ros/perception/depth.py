@@ -81,13 +81,13 @@ class DepthEstimator(PerceptionCore[DepthFormat]):
                  camera_matrix: np.ndarray | None = None, *, source: str = "") -> Depth:
         """``source``: the camera the frame comes from (a relative model holds a fit per camera)."""
         points, k = _checked_lidar(lidar_points, camera_matrix)
+        tensor, box = self._prepare(frame)
+        feeds = {self.preprocess.input_name: tensor}
+        in_view = 0
+        if self.format.lidar_input:
+            feeds[LIDAR_INPUT] = np.zeros((1, 1, box.pad_h, box.pad_w), dtype=np.float32)
+            in_view = self._fill_lidar(feeds[LIDAR_INPUT][0, 0], points, k, box)
         with self._lock:
-            tensor, box = self._prepare(frame)
-            feeds = {self.preprocess.input_name: tensor}
-            in_view = 0
-            if self.format.lidar_input:
-                feeds[LIDAR_INPUT] = np.zeros((1, 1, box.pad_h, box.pad_w), dtype=np.float32)
-                in_view = self._fill_lidar(feeds[LIDAR_INPUT][0, 0], points, k, box)
             value = self._run(feeds)[self.output_name]
         return self._finish(value, box, points, k, in_view, source)
 
@@ -118,14 +118,14 @@ class DepthEstimator(PerceptionCore[DepthFormat]):
             return self(frames[i], points, k, source=sources[i])
 
         def together(chunk: Sequence[int]) -> list[Depth]:
+            tensor, boxes = self._prepare_batch([frames[i] for i in chunk])
+            feeds = {self.preprocess.input_name: tensor}
+            seen = [0] * len(chunk)
+            if self.format.lidar_input:
+                lidar = np.zeros((len(chunk), 1, boxes[0].pad_h, boxes[0].pad_w), dtype=np.float32)
+                seen = [self._fill_lidar(lidar[row, 0], *checked[i], boxes[row]) for row, i in enumerate(chunk)]
+                feeds[LIDAR_INPUT] = lidar
             with self._lock:
-                tensor, boxes = self._prepare_batch([frames[i] for i in chunk])
-                feeds = {self.preprocess.input_name: tensor}
-                seen = [0] * len(chunk)
-                if self.format.lidar_input:
-                    lidar = np.zeros((len(chunk), 1, boxes[0].pad_h, boxes[0].pad_w), dtype=np.float32)
-                    seen = [self._fill_lidar(lidar[row, 0], *checked[i], boxes[row]) for row, i in enumerate(chunk)]
-                    feeds[LIDAR_INPUT] = lidar
                 value = self._run(feeds)[self.output_name]
             return [self._finish(value[row: row + 1], boxes[row], *checked[i], seen[row], sources[i])
                     for row, i in enumerate(chunk)]

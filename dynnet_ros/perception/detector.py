@@ -67,9 +67,10 @@ class Detector(PerceptionCore[DetectionFormat]):
             raise
 
     def __call__(self, frame: np.ndarray) -> Detections:
+        tensor, box = self._prepare(frame)
         with self._lock:
-            tensor, box = self._prepare(frame)
-            raw: RawDetections = self.format.decode(self._run(self._feeds(tensor)), box)
+            outputs = self._run(self._feeds(tensor))
+        raw: RawDetections = self.format.decode(outputs, box)
         return self._finish(raw, box)
 
     def batch(self, frames: Sequence[np.ndarray]) -> list[Detections]:
@@ -80,10 +81,10 @@ class Detector(PerceptionCore[DetectionFormat]):
                              lambda chunk: self._run_together([frames[i] for i in chunk]))
 
     def _run_together(self, frames: Sequence[np.ndarray]) -> list[Detections]:
+        tensor, boxes = self._prepare_batch(frames)
         with self._lock:
-            tensor, boxes = self._prepare_batch(frames)
             outputs = self._run(self._feeds(tensor))
-            raws = [self.format.decode(frame_of(outputs, i), box) for i, box in enumerate(boxes)]
+        raws = [self.format.decode(frame_of(outputs, i), box) for i, box in enumerate(boxes)]
         return [self._finish(raw, box) for raw, box in zip(raws, boxes)]
 
     def _feeds(self, tensor: np.ndarray) -> dict[str, np.ndarray]:

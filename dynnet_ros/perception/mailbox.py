@@ -8,6 +8,11 @@ so one busy camera cannot starve another. With several cameras the worker takes 
 one batch (``batching.form_batch`` decides which and when: a silent camera delays the others by
 at most the batch window). With a rate cap the worker waits out the rest of each period before
 it takes the next batch, and frames arriving meanwhile go through the same slots.
+
+With ``workers`` > 1 several batches are in flight: each worker thread takes a batch when it is
+free (one worker forms and takes a batch at a time), so one batch's decoding and
+post-processing overlap another's engine run. Each batch gets a ``turns.Turn`` in take order;
+what must leave the node in order (its results, its counters) runs inside that turn.
 Plain Python: the adapter's messages travel as opaque payloads.
 """
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dynnet_ros.perception.batching import BatchPolicy, Waiting, form_batch
+from dynnet_ros.perception.turns import Turn, Turns
 
 #: How often a worker waiting for a frame or out a rate cap looks at its stop flag and re-reads
 #: the cap: a lowered or cleared cap (or a stop) takes effect within this time.
@@ -97,48 +103,78 @@ class Mailbox:
 
 
 class FrameWorker:
-    """The thread that serves the mailbox: ``serve(arrivals)`` per batch taken, at most
-    ``rate_hz()`` batches a second (<= 0: as fast as frames come). ``batching()`` gives the
-    policy and the batch limit now (limit 1: each frame on its own, as soon as it is taken).
-    ``serve`` reports its own failures; an exception escaping it goes to ``on_error`` and the
-    worker carries on."""
+    """The threads that serve the mailbox: ``serve(arrivals, turn)`` per batch taken, at most
+    ``rate_hz()`` batches a second (<= 0: as fast as frames come), with up to ``workers``
+    batches in flight. ``batching()`` gives the policy and the batch limit now (limit 1: each
+    frame on its own, as soon as it is taken). ``serve`` runs its in-order part inside ``turn``
+    (a batch that never does has its turn taken for it) and reports its own failures; an
+    exception escaping it goes to ``on_error`` and the worker carries on."""
 
-    def __init__(self, mailbox: Mailbox, serve: Callable[[list[Arrival]], None], rate_hz: Callable[[], float],
+    def __init__(self, mailbox: Mailbox, serve: Callable[[list[Arrival], Turn], None], rate_hz: Callable[[], float],
                  on_error: Callable[[BaseException], None], name: str,
-                 batching: Callable[[], tuple[BatchPolicy, int]] | None = None) -> None:
+                 batching: Callable[[], tuple[BatchPolicy, int]] | None = None, workers: int = 1) -> None:
+        if workers < 1:
+            raise ValueError(f"a frame worker needs at least one thread, got {workers}")
         self._mailbox, self._serve, self._rate_hz, self._on_error = mailbox, serve, rate_hz, on_error
         self._batching = batching
         self._stop = threading.Event()
+        self._taking = threading.Lock()   # one thread forms and takes a batch at a time: tickets follow takes
+        self.turns = Turns()
         self._last_take: float | None = None   # monotonic time the last batch was taken (the rate cap)
-        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self.threads = [threading.Thread(target=self._loop, name=name if workers == 1 else f"{name}-{index}",
+                                         daemon=True) for index in range(workers)]
 
     @property
     def stopped(self) -> bool:
         return self._stop.is_set()
 
     def start(self) -> None:
-        self.thread.start()
+        for thread in self.threads:
+            thread.start()
 
     def stop(self) -> None:
-        """Stop taking frames, without waiting for the frame being served."""
+        """Stop taking frames, without waiting for the batches being served; batches waiting for
+        their turn go at once."""
         self._stop.set()
         self._mailbox.wake()
+        self.turns.close()
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            if not self._mailbox.wait(POLL_S):
-                continue
+    def alive(self) -> list[threading.Thread]:
+        """The worker threads still running."""
+        return [thread for thread in self.threads if thread.is_alive()]
+
+    def join(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds in all for the worker threads to end."""
+        deadline = time.monotonic() + timeout
+        for thread in self.threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+    def _take(self) -> tuple[list[Arrival], Turn] | None:
+        """The next batch and its turn (None: nothing taken this time round)."""
+        with self._taking:
+            if self._stop.is_set() or not self._mailbox.wait(POLL_S):
+                return None
             self._wait_for_rate()
             arrivals = self._next_batch()
             if not arrivals:
-                continue
+                return None
             self._last_take = time.monotonic()
+            return arrivals, Turn(self.turns, self.turns.ticket())
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            taken = self._take()
+            if taken is None:
+                continue
+            arrivals, turn = taken
             try:
-                self._serve(arrivals)
+                self._serve(arrivals, turn)
             except Exception as exc:  # noqa: BLE001 — the worker must keep serving; the reason is reported
                 if self._stop.is_set():
                     return
                 self._on_error(exc)
+            finally:
+                turn.end()
 
     def _next_batch(self) -> list[Arrival]:
         """The frames to serve now: the longest-waiting one alone when not batching, else what

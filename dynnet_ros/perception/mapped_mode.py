@@ -7,8 +7,8 @@ a parameter change is recognised as stale and thrown away (``mapped`` holds the 
 """
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
 
@@ -42,7 +42,7 @@ def open_stages(core: PerceptionCore, params: dict[str, Any],
 class MappedMode:
     """The stages that run a core's frames (None: the engine does) and what ``auto`` picked."""
 
-    def __init__(self, lock: threading.Lock, current: Callable[[], tuple[PerceptionCore, dict[str, Any]]],
+    def __init__(self, lock: AbstractContextManager[Any], current: Callable[[], tuple[PerceptionCore, dict[str, Any]]],
                  stopped: Callable[[], bool], info: Callable[[str], None], error: Callable[[str], None],
                  changed: Callable[[], None], name: str) -> None:
         """``lock``: the core's frame lock; ``current``: its core and parameters now; ``changed``:

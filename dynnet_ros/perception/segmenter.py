@@ -71,8 +71,8 @@ class Segmenter(PerceptionCore[SegmentationFormat]):
             raise
 
     def __call__(self, frame: np.ndarray) -> Segmentation:
+        tensor, box = self._prepare(frame)
         with self._lock:
-            tensor, box = self._prepare(frame)
             value = self._run({self.preprocess.input_name: tensor})[self.output_name]
         return self._finish(value, box)
 
@@ -84,8 +84,8 @@ class Segmenter(PerceptionCore[SegmentationFormat]):
                              lambda chunk: self._run_together([frames[i] for i in chunk]))
 
     def _run_together(self, frames: Sequence[np.ndarray]) -> list[Segmentation]:
+        tensor, boxes = self._prepare_batch(frames)
         with self._lock:
-            tensor, boxes = self._prepare_batch(frames)
             value = self._run({self.preprocess.input_name: tensor})[self.output_name]
         return [self._finish(value[i: i + 1], box) for i, box in enumerate(boxes)]
 

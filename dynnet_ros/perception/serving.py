@@ -26,7 +26,7 @@ import time
 import traceback
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
@@ -41,10 +41,12 @@ from dynnet_ros.perception.budget_split import BudgetSplit, FrameCosts
 from dynnet_ros.perception.core import PerceptionCore
 from dynnet_ros.perception.frame_stats import SILENT_S, CameraStats, FrameStats
 from dynnet_ros.perception.intrinsics import Intrinsics
+from dynnet_ros.perception.letterbox import Letterbox
 from dynnet_ros.perception.mailbox import Arrival, FrameWorker, Mailbox
 from dynnet_ros.perception.mapped import MappedSettings, tune
 from dynnet_ros.perception.mapped_mode import MappedMode
 from dynnet_ros.perception.size_classes import ProfileSink, SizeClasses
+from dynnet_ros.perception.turns import SharedLock, Turn
 from dynnet_ros.procmem import ProcessMemory, process_memory
 from dynnet_ros.zoo import ensure_model
 
@@ -69,6 +71,16 @@ CAMERA = "camera"
 #: the serving cores alive in this process: more than one means a component container, where a
 #: core's share of the process is counted from its own engine (``ServingCore.held_beside_neighbours``)
 CORES_IN_PROCESS: weakref.WeakSet = weakref.WeakSet()
+
+
+def batches_in_flight(params: dict[str, Any], cameras: int) -> int:
+    """How many batches a core serves at once (its worker threads): the ``batches_in_flight``
+    parameter, or for 0 two with several cameras and one with a single camera. Two let one
+    batch's decoding, pre- and post-processing (the interpreter) run beside the other's engine
+    run, at the memory of a second batch's frame buffers; one camera keeps one frame in flight,
+    its latency and memory those of a frame served alone."""
+    wanted = int(params["batches_in_flight"])
+    return wanted if wanted > 0 else (2 if cameras > 1 else 1)
 
 
 class Log(Protocol):
@@ -113,6 +125,9 @@ def _no_check(merged: dict[str, Any], updates: dict[str, Any]) -> None:
 
 #: the task's perception core: what ``build`` makes is what ``serve`` runs
 CoreT = TypeVar("CoreT", bound=PerceptionCore)
+#: what ``ServingTask.serve`` hands back: the batch's publishing, which the core runs in the order
+#: batches were taken (None: the task published inside ``serve``)
+Publish = Callable[[], None]
 
 
 @dataclass(frozen=True)
@@ -122,7 +137,7 @@ class ServingTask(Generic[CoreT]):
     name: str                                                            # lane, pedestrian, depth
     build: Callable[[str, dict[str, Any], float | None], CoreT]          # path, params, engine budget
     decode: Callable[[Any], Decoded]                                     # a payload -> pixels
-    serve: Callable[[list[FrameInfo], list[np.ndarray], CoreT], None]    # run the core on a batch, publish
+    serve: Callable[[list[FrameInfo], list[np.ndarray], CoreT], Publish | None]  # run the core on a batch
     check: Callable[[dict[str, Any], dict[str, Any]], None] = _no_check  # ValueError: refused
     core_params: tuple[str, ...] = ()    # parameters besides ENGINE_PARAMS whose change loads a new core
     defaults: dict[str, Any] = field(default_factory=dict)              # parameter defaults (refusal hints)
@@ -157,8 +172,10 @@ class ServingCore:
         self.sources: tuple[str, ...] = tuple(names)
         self.per_camera = sources is not None
         self._outcome, self._status_changed, self._alive = outcome, status_changed, alive
-        self.lock = threading.Lock()   # held while the worker runs a frame, and for every swap
-        self.split = BudgetSplit(task.costs, int(self.params["max_input_side"]), log.warning, len(self.sources))
+        # held shared while a batch runs in the core, exclusive for every swap
+        self.lock = SharedLock()
+        self.costs = replace(task.costs, in_flight=batches_in_flight(self.params, len(self.sources)))
+        self.split = BudgetSplit(self.costs, int(self.params["max_input_side"]), log.warning, len(self.sources))
         self.baseline: ProcessMemory = process_memory()  # a budget bounds RSS growth from here
         # built inside its budget: an in-memory engine first would double the start-up peak
         self.core: PerceptionCore = self._load(self.params)
@@ -171,9 +188,9 @@ class ServingCore:
         self.mailbox = Mailbox()
         self.worker = FrameWorker(self.mailbox, self._serve, lambda: float(self.params["max_rate_hz"]),
                                   lambda exc: log.error("".join(traceback.format_exception(exc))), f"{name}-worker",
-                                  self._batching)
+                                  self._batching, self.costs.in_flight)
         self.last_batch = 0   # frames in the last batch served
-        self.batch_budget = BatchBudget(task.costs, status_changed, log.warning, name)
+        self.batch_budget = BatchBudget(self.costs, status_changed, log.warning, name)
         self.last_error: str | None = None
         self.rejected: str | None = None   # the last change refused (the old core kept serving)
         self._last_input_shape: list[int] | None = None
@@ -197,7 +214,7 @@ class ServingCore:
 
     def start(self, profile: ProfileSink) -> None:
         """Announce the size classes to ``profile`` and start serving frames."""
-        self.sizes = SizeClasses(profile, self.task.costs, self._alive, self.log.info, self.log.warning, self.name)
+        self.sizes = SizeClasses(profile, self.costs, self._alive, self.log.info, self.log.warning, self.name)
         self.sizes.announce(self.core, self.params["camera_sizes"], self.batch_limit(), len(self.sources))
         self.worker.start()
         self._log_core(self.core, "loaded")
@@ -235,27 +252,31 @@ class ServingCore:
         wanted = BatchPolicy.from_params(self.params).limit(cameras, cameras)
         return wanted if wanted <= 1 else min(wanted, self.model_batch())
 
-    def _serve(self, arrivals: list[Arrival]) -> None:
-        """Run one batch. Each payload is taken out of its arrival: the worker holds the only
-        reference, dropped once decoded (an rgb8 frame stays alive as the view the core reads).
-        A frame that does not decode fails alone; a batch the core fails on fails whole."""
+    def _serve(self, arrivals: list[Arrival], turn: Turn) -> None:
+        """Run one batch; its results, counters and status go out inside ``turn`` (take order),
+        so with two batches in flight one's decoding, pre- and post-processing overlap the
+        other's engine run while outputs still leave in the order the frames were taken. Each
+        payload is taken out of its arrival: the worker holds the only reference, dropped once
+        decoded (an rgb8 frame stays alive as the view the core reads). A frame that does not
+        decode fails alone; a batch the core fails on fails whole."""
         if not self.params["enabled"]:
-            for arrival in arrivals:
-                arrival.payload = None
-                self._outcome(arrival, "skipped")
+            with turn:
+                for arrival in arrivals:
+                    arrival.payload = None
+                    self._outcome(arrival, "skipped")
             return
         start = time.perf_counter()
         taken: list[Arrival] = []
         frames: list[FrameInfo] = []
         rgbs: list[np.ndarray] = []
         messages: list[tuple[str, int]] = []
+        bad: list[tuple[Arrival, Exception]] = []
         for arrival in arrivals:
             payload, arrival.payload = arrival.payload, None
             try:
                 decoded = self.task.decode(payload)
             except Exception as exc:  # noqa: BLE001 - a bad message: ERROR status, the others are served
-                if not self._frame_failed([arrival], exc):
-                    return
+                bad.append((arrival, exc))
                 continue
             del payload
             rgb = decoded.rgb
@@ -265,28 +286,49 @@ class ServingCore:
             messages.append((arrival.source, decoded.message_bytes))
             taken.append(arrival)
             del decoded
-        if not taken:
-            return
-        try:
-            boxes = [self.core.preprocess.plan(frame.height, frame.width) for frame in frames]
-            largest = max(range(len(frames)), key=lambda i: boxes[i].pad_h * boxes[i].pad_w)
-            self.batch_budget.update(self.core, self.params["memory_budget_mb"], self.batch_limit(),
-                                     frames[largest].height, frames[largest].width, len(self.sources),
-                                     max(size for _, size in messages))
-            cap = self.batch_budget.cap or len(frames)   # a budget lowered after the batch formed
-            formed = self._batching()[1]
-            for first in range(0, len(frames), cap):
-                chunk = slice(first, first + cap)
-                # takes the split's lock: not under the frame lock
-                self.split.charge_frames(self.engine, lambda: self.params["memory_budget_mb"], messages[chunk],
-                                         boxes[chunk], formed)
-                with self.lock:
-                    self.task.serve(frames[chunk], rgbs[chunk], self.core)
-        except Exception as exc:  # noqa: BLE001 - inference failure: ERROR status, keep serving
-            self._frame_failed(taken, exc)
-            return
+        failure: Exception | None = None
+        published: list[Publish] = []
+        boxes: list[Letterbox] = []
+        if taken:
+            try:
+                boxes = [self.core.preprocess.plan(frame.height, frame.width) for frame in frames]
+                largest = max(range(len(frames)), key=lambda i: boxes[i].pad_h * boxes[i].pad_w)
+                self.batch_budget.update(self.core, self.params["memory_budget_mb"], self.batch_limit(),
+                                         frames[largest].height, frames[largest].width, len(self.sources),
+                                         max(size for _, size in messages))
+                cap = self.batch_budget.cap or len(frames)   # a budget lowered after the batch formed
+                formed = self._batching()[1]
+                for first in range(0, len(frames), cap):
+                    chunk = slice(first, first + cap)
+                    # takes the split's lock: not inside the frame lock, which a budget change takes after it
+                    self.split.charge_frames(self.engine, lambda: self.params["memory_budget_mb"], messages[chunk],
+                                             boxes[chunk], formed)
+                    with self.lock.shared():
+                        publish = self.task.serve(frames[chunk], rgbs[chunk], self.core)
+                    if publish is not None:
+                        published.append(publish)
+            except Exception as exc:  # noqa: BLE001 - inference failure: ERROR status, keep serving
+                failure = exc
+        with turn:
+            for arrival, reason in bad:
+                if not self._frame_failed([arrival], reason):
+                    return
+            if not taken:
+                return
+            if failure is not None:
+                self._frame_failed(taken, failure)
+                return
+            try:
+                for publish in published:
+                    publish()
+            except Exception as exc:  # noqa: BLE001 - a result that does not publish: ERROR status, keep serving
+                self._frame_failed(taken, exc)
+                return
+            self._served(taken, frames, boxes, (time.perf_counter() - start) * 1e3)
+
+    def _served(self, taken: list[Arrival], frames: list[FrameInfo], boxes: list[Letterbox], elapsed_ms: float) -> None:
+        """Count a batch served and check the budget after it (inside its turn)."""
         done = time.monotonic()
-        elapsed_ms = (time.perf_counter() - start) * 1e3
         for arrival in taken:
             self.stats.record(elapsed_ms)
             self.cameras[arrival.source].frames.record((done - arrival.arrived) * 1e3)
@@ -582,9 +624,8 @@ class ServingCore:
         self.stop()
         CORES_IN_PROCESS.discard(self)
         assert self._stopped_at is not None
-        if self.worker.thread.is_alive():
-            self.worker.thread.join(timeout=max(0.0, self._stopped_at + WORKER_STOP_S - time.monotonic()))
-        if self.worker.thread.is_alive():
+        self.worker.join(max(0.0, self._stopped_at + WORKER_STOP_S - time.monotonic()))
+        if self.worker.alive():
             return
         self._closer = threading.Thread(target=self._close_core, name=f"{self.name}-close", daemon=True)
         self._closer.start()
@@ -597,5 +638,5 @@ class ServingCore:
 
     def unfinished_work(self) -> list[str]:
         """Threads ``close`` could not stop or wait out (the process exits without them)."""
-        return [thread.name for thread in (self.worker.thread, self._closer)
+        return [thread.name for thread in (*self.worker.threads, self._closer)
                 if thread is not None and thread.is_alive()]
