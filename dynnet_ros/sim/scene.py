@@ -144,14 +144,16 @@ _NOISE_CACHE: dict[tuple[int, int], np.ndarray] = {}
 
 def _noise_pattern(height: int, width: int) -> np.ndarray:
     """Sensor noise for one frame size: a fixed Gaussian pattern, shifted per frame by whole rows
-    (fresh Gaussian noise per 1280x720 frame would cost more than rendering it)."""
+    (fresh Gaussian noise per 1280x720 frame would cost more than rendering it). Kept as whole
+    int8 levels: the frame it is added to is 8-bit, and float32 would hold four times the memory
+    for the simulator's whole run."""
     key = (height, width)
     if key not in _NOISE_CACHE:
         rng = np.random.default_rng(height * 10007 + width)
-        pattern = np.empty((height, width, 3), dtype=np.float32)
+        pattern = np.empty((height, width, 3), dtype=np.int8)
         for top in range(0, height, BAND_ROWS):  # drawn in sequence: the values of one full draw
             band = pattern[top:top + BAND_ROWS]
-            band[:] = rng.normal(0.0, 4.0, band.shape)
+            band[:] = np.clip(np.rint(rng.normal(0.0, 4.0, band.shape)), -127, 127)
         _NOISE_CACHE[key] = pattern
     return _NOISE_CACHE[key]
 
