@@ -52,6 +52,35 @@ def test_max_batch_and_the_model_limit_the_batch_and_the_rest_waits_for_the_next
     assert BatchPolicy(0.005, 8, 0.1).limit(3, 64) == 3   # at most one frame per camera
 
 
+def test_with_batches_in_flight_the_cameras_are_shared_between_them():
+    assert POLICY.limit(4, 64, in_flight=2) == 2 and POLICY.limit(5, 64, in_flight=2) == 3
+    assert POLICY.limit(4, 64, in_flight=1) == 4 and POLICY.limit(1, 64, in_flight=2) == 1
+    assert BatchPolicy(0.005, 4, 0.1).limit(4, 64, in_flight=2) == 4   # max_batch set: taken as given
+
+
+def test_a_camera_whose_frames_keep_being_replaced_keeps_its_place():
+    """Four cameras publishing in the same order each period, batches of two: the cameras last in
+    each period are taken once they have waited longest, though their waiting frames are always
+    the newest (each replaced the one before it)."""
+    clock = [0.0]
+    box = Mailbox(clock=lambda: clock[0])
+    cameras = ("front", "left", "right", "rear")
+    taken: list[tuple[str, ...]] = []
+    for period in range(4):
+        for i, name in enumerate(cameras):
+            clock[0] = period + i / 1000
+            box.put(Arrival(name, period, name, None))
+        waiting, _ = box.waiting()
+        batch = form_batch(waiting, clock[0], clock[0], POLICY, 2)
+        taken.append(batch.take)
+        box.take_sources(batch.take)
+    assert taken == [("front", "left"), ("right", "rear"), ("front", "left"), ("right", "rear")]
+    waiting = [Waiting("rear", 4.99, since=1.0), Waiting("front", 4.98)]
+    assert form_batch(waiting, 5.0, 5.0, POLICY, 1).take == ("rear",)
+    # the deadline counts from the frames' own arrival, not from when their camera began waiting
+    assert form_batch(waiting, 5.0, 5.0, POLICY, 4).wait_s == pytest.approx(0.005)
+
+
 def test_without_a_window_the_oldest_frame_runs_alone_at_once():
     policy = BatchPolicy(0.0, 0, 0.1)
     assert form_batch([Waiting("left", 2.0), Waiting("front", 1.0)], 2.0, 2.0, policy, 1).take == ("front",)

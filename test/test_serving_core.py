@@ -335,8 +335,9 @@ def _round(core: ServingCore, stamp: int, height: int, width: int) -> None:
 
 
 def test_a_budget_too_small_for_the_batch_lowers_it_and_says_so(serving):
-    core, adapter, _ = serving(sources=CAMERAS, batch_window_ms=200.0)
-    adapter.compare = False   # the engine's last run is the batch's
+    # one batch in flight: batches of all four cameras, the engine's last run the batch's
+    core, adapter, _ = serving(sources=CAMERAS, batch_window_ms=200.0, batches_in_flight=1)
+    adapter.compare = False
     height, width = SIZES["front"]
     _round(core, 0, height, width)   # unlimited: whole batches
     needs = {b: batch_need(core.core, core.costs, b, height, width, 4, height * width * 3).need_mb

@@ -12,9 +12,11 @@ The rules (the ``batch_window_ms``, ``max_batch`` and ``max_latency_ms`` paramet
   sync share one model run.
 * It never waits past the oldest waiting frame's arrival plus ``max_latency_s``: a frame that
   already waited out a long run is not held back further to fill a batch.
-* It runs at once when ``limit`` frames wait (``max_batch``, at most one frame per camera):
+* It runs at once when ``limit`` frames wait (``max_batch``, at most one frame per camera; 0:
+  the cameras shared between the batches in flight, ``BatchPolicy.limit``):
   a camera that stops publishing costs the others at most the window, never a stall.
-* The frames taken are the ``limit`` that waited longest; the rest wait for the next batch.
+* The frames taken are those of the ``limit`` cameras waiting longest (a replaced frame keeps
+  its camera's place); the rest wait for the next batch.
 """
 from __future__ import annotations
 
@@ -25,10 +27,19 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Waiting:
-    """A frame waiting in the mailbox: its camera and when it arrived (the worker's clock, s)."""
+    """A frame waiting in the mailbox: its camera, when it arrived (the worker's clock, s), and
+    since when its camera has had a frame waiting (``since``; None: since this frame arrived).
+    A newer frame replacing a waiting one keeps the camera's place: cameras are taken in the order
+    they began waiting, so a camera whose frames keep being replaced is not passed over forever by
+    cameras that publish a little earlier in each period."""
 
     source: str
     arrived: float
+    since: float | None = None
+
+    @property
+    def waiting_since(self) -> float:
+        return self.arrived if self.since is None else self.since
 
 
 @dataclass(frozen=True)
@@ -51,12 +62,16 @@ class BatchPolicy:
         return cls(float(params["batch_window_ms"]) / 1e3, int(params["max_batch"]),
                    float(params["max_latency_ms"]) / 1e3)
 
-    def limit(self, cameras: int, model_max: int) -> int:
-        """The largest batch formed with ``cameras`` sources and a model that takes at most
-        ``model_max`` frames per run (without batching: 1)."""
+    def limit(self, cameras: int, model_max: int, in_flight: int = 1) -> int:
+        """The largest batch formed with ``cameras`` sources, ``in_flight`` batches served at once
+        and a model that takes at most ``model_max`` frames per run (without batching: 1).
+        ``max_batch`` <= 0 shares the cameras between the batches in flight (rounded up): the
+        frames in flight are then about one per camera, as one batch of every camera holds, so
+        the batches' buffers and the engine's activations (sized for one batch) stay what one
+        batch of all cameras needs, and a frame waits for at most one smaller batch's run."""
         if self.window_s <= 0.0:
             return 1
-        wanted = cameras if self.max_batch <= 0 else min(self.max_batch, cameras)
+        wanted = -(-cameras // max(1, in_flight)) if self.max_batch <= 0 else min(self.max_batch, cameras)
         return max(1, min(wanted, model_max))
 
 
@@ -76,11 +91,11 @@ def form_batch(waiting: Sequence[Waiting], now: float, opened: float, policy: Ba
         raise ValueError(f"a batch limit must be >= 1, got {limit}")
     if not waiting:
         return Batch((), math.inf)
-    oldest_first = sorted(waiting, key=lambda w: w.arrived)
-    take = tuple(w.source for w in oldest_first[:limit])
-    if len(oldest_first) >= limit or policy.window_s <= 0.0:
+    longest_first = sorted(waiting, key=lambda w: w.waiting_since)
+    take = tuple(w.source for w in longest_first[:limit])
+    if len(longest_first) >= limit or policy.window_s <= 0.0:
         return Batch(take, 0.0)
-    deadline = min(opened + policy.window_s, oldest_first[0].arrived + policy.max_latency_s)
+    deadline = min(opened + policy.window_s, min(w.arrived for w in waiting) + policy.max_latency_s)
     if now >= deadline:
         return Batch(take, 0.0)
     return Batch((), deadline - now)

@@ -3,8 +3,8 @@
 Why: a camera callback must never wait for a model, and a model must never work through a
 queue of stale frames. The callback parks each frame in a one-slot mailbox per source (a camera),
 replacing, and so dropping, an older frame of that source still waiting; one worker thread takes
-what is waiting and serves it. Sources are served in the order their waiting frames arrived,
-so one busy camera cannot starve another. With several cameras the worker takes their frames as
+what is waiting and serves it. Sources are served in the order they began waiting (a frame
+that replaces another keeps its source's place), so one busy camera cannot starve another. With several cameras the worker takes their frames as
 one batch (``batching.form_batch`` decides which and when: a silent camera delays the others by
 at most the batch window). With a rate cap the worker waits out the rest of each period before
 it takes the next batch, and frames arriving meanwhile go through the same slots.
@@ -42,6 +42,7 @@ class Arrival:
     frame_id: str
     payload: Any
     arrived: float = 0.0
+    since: float = 0.0   # when its source began waiting: a frame it replaced keeps its place
 
 
 class Mailbox:
@@ -60,6 +61,7 @@ class Mailbox:
         with self._changed:
             arrival.arrived = self.clock()
             replaced = self._slots.get(arrival.source)
+            arrival.since = arrival.arrived if replaced is None else replaced.since
             self._slots[arrival.source] = arrival   # a replaced key keeps its place in the order
             self._puts += 1
             self._changed.notify_all()
@@ -80,7 +82,7 @@ class Mailbox:
     def waiting(self) -> tuple[list[Waiting], int]:
         """The frames waiting (source and arrival time) and the count of frames parked so far."""
         with self._changed:
-            return [Waiting(a.source, a.arrived) for a in self._slots.values()], self._puts
+            return [Waiting(a.source, a.arrived, a.since) for a in self._slots.values()], self._puts
 
     def wait(self, timeout: float) -> bool:
         """Block until a frame may be waiting (or ``timeout``); whether one may."""

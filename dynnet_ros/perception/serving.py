@@ -249,7 +249,7 @@ class ServingCore:
         The model's own limit is asked only where the policy would form batches (deciding it
         follows the batch axis through the graph)."""
         cameras = len(self.sources)
-        wanted = BatchPolicy.from_params(self.params).limit(cameras, cameras)
+        wanted = BatchPolicy.from_params(self.params).limit(cameras, cameras, self.costs.in_flight)
         return wanted if wanted <= 1 else min(wanted, self.model_batch())
 
     def _serve(self, arrivals: list[Arrival], turn: Turn) -> None:
