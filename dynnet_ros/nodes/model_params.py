@@ -143,8 +143,10 @@ def common_specs(task: str) -> list[ParamSpec]:
         ParamSpec("batch_window_ms", 5.0, "Several cameras: once the worker takes a frame it waits up to this "
                   "long for the other cameras' frames and runs them as one batch (0 = no batching: one frame "
                   "per model run).", low=0.0, high=1000.0),
-        ParamSpec("max_batch", 0, "The largest batch the node forms (0 = one frame per camera); the model's own "
-                  "limit and the memory budget may lower it (diagnostics: batch_limit).", low=0, high=64),
+        ParamSpec("max_batch", 0, "The largest batch the node forms (0 = the cameras shared between the batches "
+                  "in flight: one frame per camera with one batch in flight, half the cameras, rounded up, with "
+                  "two); the model's own limit and the memory budget may lower it (diagnostics: batch_limit).",
+                  low=0, high=64),
         ParamSpec("max_latency_ms", 100.0, "A batch never waits for more frames past the oldest waiting frame's "
                   "arrival plus this (nor past batch_window_ms after its first frame).", low=0.0, high=1.0e4),
         ParamSpec("batches_in_flight", 0, "Batches served at once, each on a worker thread of its own: with 2 one "
