@@ -1,13 +1,14 @@
-"""The frame mailbox and the worker that serves it: newest frame wins, latency bounded by one run.
+"""The frame mailbox and the workers that serve it: newest frame wins, latency bounded by the runs in flight.
 
 Why: a camera callback must never wait for a model, and a model must never work through a
 queue of stale frames. The callback parks each frame in a one-slot mailbox per source (a camera),
 replacing, and so dropping, an older frame of that source still waiting; one worker thread takes
 what is waiting and serves it. Sources are served in the order they began waiting (a frame
 that replaces another keeps its source's place), so one busy camera cannot starve another.
-With several cameras the worker takes their frames as one batch (``batching.form_batch`` decides which and when: a silent camera delays the others by
-at most the batch window). With a rate cap the worker waits out the rest of each period before
-it takes the next batch, and frames arriving meanwhile go through the same slots.
+With several cameras the worker takes their frames as one batch (``batching.form_batch``
+decides which and when: a silent camera delays the others by at most the batch window). With a
+rate cap the worker waits out the rest of each period before it takes the next batch, and
+frames arriving meanwhile go through the same slots.
 
 With ``workers`` > 1 several batches are in flight: each worker thread takes a batch when it is
 free (one worker forms and takes a batch at a time), so one batch's decoding and
