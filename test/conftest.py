@@ -40,6 +40,14 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "serial: compares timings measured in the test")
 
 
+def pytest_sessionfinish(session, exitstatus):
+    # Tests kill nodes on purpose; an image publisher killed leaves its 8 MiB shared-memory segment
+    # in /dev/shm, where it would lower MemAvailable for the budget tests of later runs.
+    from dynnet_ros.supervisor.shm_orphans import remove_orphans  # after the environment above is set
+
+    remove_orphans()
+
+
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH_KIT = ROOT.parent / "shared" / "vendor" / "ros2-launch"
 
