@@ -155,3 +155,20 @@ def test_unsupported_input_type():
 def test_bad_metadata_is_named():
     with pytest.raises(ValueError, match="metadata 'mean' is not a literal"):
         build_preprocess(spec([1, 3, 8, 8]), {"mean": "numpy.zeros(3)"}, PreprocessDefaults(), PreprocessOptions())
+
+
+def test_a_frame_that_needs_no_resize_is_normalised_as_a_resized_one_is():
+    """A frame already at the input size is normalised straight into the tensor: the same float32
+    arithmetic per pixel as the resize path's rows (divide, then subtract), padding included."""
+    pre = build_preprocess(spec([1, 3, "H", "W"]), {}, PreprocessDefaults(),
+                           PreprocessOptions(channel_order="BGR", mean=(0.1, 0.2, 0.3), std=(0.5, 0.25, 0.2),
+                                             input_size=64))
+    rng = np.random.default_rng(3)
+    frame = rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    tensor, box = pre(frame)
+    assert (box.new_h, box.new_w) == (48, 64)
+    divisor, offset = pre._affine()
+    for c, source in enumerate((2, 1, 0)):
+        expected = np.subtract(np.divide(frame[:, :, source], divisor[c], dtype=np.float32), offset[c],
+                               dtype=np.float32)
+        np.testing.assert_array_equal(tensor[0, c, box.top: box.top + 48, box.left: box.left + 64], expected)

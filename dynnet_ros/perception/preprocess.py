@@ -144,7 +144,12 @@ class Preprocess:
                 return np.subtract(np.divide(rows, d, dtype=np.float32), o, dtype=np.float32)
 
             inner = plane[box.top: box.top + box.new_h, box.left: box.left + box.new_w]
-            resize_plane_into(frame[:, :, src_c], inner, convert=convert)
+            source = frame[:, :, src_c]
+            if source.shape == inner.shape:   # no resize: normalised straight into the tensor, no temporaries
+                np.divide(source, d, out=inner, dtype=np.float32)
+                np.subtract(inner, o, out=inner, dtype=np.float32)
+            else:
+                resize_plane_into(source, inner, convert=convert)
             fill = np.float32(0.0 if self.pad_value is None else np.float32(self.pad_value) / d - o)
             plane[: box.top] = fill
             plane[box.top + box.new_h:] = fill
