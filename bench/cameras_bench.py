@@ -17,7 +17,7 @@ served. Layouts alternate and swap order each round (``--rounds``) so load drift
 ``--executor`` sets ``DYNNET_EXECUTOR`` for the model nodes of both layouts. Each layout's engine
 threads (the node parameter ``threads``: ``--multi-threads``, ``--separate-threads``; 0 = the
 node's default, one per CPU the process may run on) and the multi node's ``batches_in_flight``
-(``--in-flight``; 0 = the node's default) are stated with its results.
+(``--in-flight``) are stated with its results.
 
 Transport: every process of a run (publisher, model nodes, probe) uses the Fast DDS profile
 ``--fastdds-profile`` (default ``config/fastdds_cameras.xml``: a shared-memory segment that holds
@@ -28,7 +28,9 @@ several cameras sent at once: the loss would be the transport's, not the layout'
 Usage: python bench/cameras_bench.py [--models lane,pedestrian,depth,yolov8n] [--cameras 1,2,4,6]
        [--rate 10] [--warmup 15] [--window 20] [--rounds 1] [--stagger] [--fastdds-profile FILE|default]
        [--executor threads|events] [--multi-threads N] [--separate-threads N] [--in-flight N]
-       [--json out.json] [--png out.png]
+       [--json out.json] [--png out.png] [--from-json run.json ...]
+``--from-json`` summarises (and plots) the runs saved by earlier ``--json`` runs instead of running,
+so layouts measured in separate runs (e.g. each at its own ``--separate-threads``) share one table.
 Runs with its own ROS_DOMAIN_ID unless one is set, and ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST.
 """
 from __future__ import annotations
@@ -240,8 +242,7 @@ def layout_settings(layout: str, cameras: int, args: argparse.Namespace) -> tupl
     params: dict = {"threads": threads}
     if layout == "multi":
         params.update(cameras=[f"cam{i}" for i in range(cameras)], batches_in_flight=args.in_flight)
-    in_flight = batches_in_flight(params if layout == "multi" else {"batches_in_flight": 0},
-                                  cameras if layout == "multi" else 1)
+    in_flight = batches_in_flight(params, cameras) if layout == "multi" else 1
     return params, threads or default_threads(), in_flight
 
 
@@ -399,9 +400,9 @@ def main() -> int:
                         help="engine threads of the multi-camera node (0: the node's default)")
     parser.add_argument("--separate-threads", type=int, default=0,
                         help="engine threads of each single-camera node (0: the node's default)")
-    parser.add_argument("--in-flight", type=int, default=0,
-                        help="batches_in_flight of the multi-camera node (0: the node's default)")
+    parser.add_argument("--in-flight", type=int, default=1, help="batches_in_flight of the multi-camera node")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--from-json", type=Path, nargs="+", help="summarise these runs' --json files instead")
     parser.add_argument("--png", type=Path)
     parser.add_argument("--publish", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--namespace", help=argparse.SUPPRESS)
@@ -416,6 +417,9 @@ def main() -> int:
         publish_cameras(args.namespace, args.publish, args.rate, args.stagger)
         return 0
 
+    if args.from_json:
+        report([RunResult(**run) for path in args.from_json for run in json.loads(path.read_text())["runs"]], args)
+        return 0
     specs = model_specs()
     wanted = [name for name in args.models.split(",") if name]
     missing = [name for name in wanted if name not in specs]
@@ -439,6 +443,12 @@ def main() -> int:
                               f"load {result.load_average}", file=sys.stderr, flush=True)
     finally:
         rclpy.shutdown()
+    report(runs, args)
+    return 0
+
+
+def report(runs: list[RunResult], args: argparse.Namespace) -> None:
+    """The table of ``runs``, and the ``--json`` and ``--png`` files where asked for."""
     rows = summarise(runs)
     print_table(rows)
     if args.json:
@@ -446,7 +456,6 @@ def main() -> int:
                                          "settings": {k: str(v) for k, v in vars(args).items()}}, indent=2))
     if args.png:
         plot(rows, args.png)
-    return 0
 
 
 if __name__ == "__main__":

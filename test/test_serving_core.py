@@ -34,7 +34,7 @@ PARAMS: dict[str, Any] = {
     "model_path": "", "model_format": "auto", "backend": "cpu", "threads": 1, "max_input_side": 0,
     "memory_budget_mb": 0.0, "budget_owner": "", "enabled": True, "max_rate_hz": 0.0, "mapping": "",
     "exit_threshold": -1.0, "deadline_ms": 0.0, "camera_sizes": ["96x64"], "classes": [""],
-    "batch_window_ms": 5.0, "max_batch": 0, "max_latency_ms": 100.0, "batches_in_flight": 0,
+    "batch_window_ms": 5.0, "max_batch": 0, "max_latency_ms": 100.0, "batches_in_flight": 1,
 }
 COSTS = FrameCosts(output_bytes_per_pixel=8.0)
 
@@ -362,10 +362,10 @@ def test_a_budget_too_small_for_the_batch_lowers_it_and_says_so(serving):
     assert core.status().level == "ok" and core.batch_budget.cap is None
 
 
-def test_with_several_cameras_two_batches_are_in_flight_and_publish_in_the_order_taken(serving):
-    single, _, _ = serving()
+def test_two_batches_in_flight_publish_in_the_order_taken_and_are_both_charged(serving):
+    single, _, _ = serving(batches_in_flight=2)
     assert single.costs.in_flight == 1 and len(single.worker.threads) == 1   # one camera: one frame in flight
-    core, adapter, _ = serving(sources=CAMERAS, batch_window_ms=0.0)   # each frame a batch of its own
+    core, adapter, _ = serving(sources=CAMERAS, batch_window_ms=0.0, batches_in_flight=2)   # each frame alone
     assert core.costs.in_flight == 2 and len(core.worker.threads) == 2
     release = adapter.hold[1] = threading.Event()
     height, width = SIZES["front"]

@@ -75,12 +75,12 @@ CORES_IN_PROCESS: weakref.WeakSet = weakref.WeakSet()
 
 def batches_in_flight(params: dict[str, Any], cameras: int) -> int:
     """How many batches a core serves at once (its worker threads): the ``batches_in_flight``
-    parameter, or for 0 two with several cameras and one with a single camera. Two let one
-    batch's decoding, pre- and post-processing (the interpreter) run beside the other's engine
-    run, at the memory of a second batch's frame buffers; one camera keeps one frame in flight,
-    its latency and memory those of a frame served alone."""
-    wanted = int(params["batches_in_flight"])
-    return wanted if wanted > 0 else (2 if cameras > 1 else 1)
+    parameter with several cameras, one with a single camera (one frame in flight, its latency
+    and memory those of a frame served alone). Two let one batch's decoding, pre- and
+    post-processing (the interpreter) run beside the other's engine run, at the memory of a
+    second batch's frame buffers; where the engine's own threads already fill the CPU's cores
+    that overlap costs more than it gains, so one is the default (docs/ros.md)."""
+    return max(1, int(params["batches_in_flight"])) if cameras > 1 else 1
 
 
 class Log(Protocol):
