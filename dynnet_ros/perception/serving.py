@@ -16,7 +16,9 @@ adapter decodes its messages (``ServingTask.decode``, on the worker) and publish
 Several cameras (``sources``) share the one core: each has its own mailbox slot, counters and
 intrinsics, and the worker runs the frames waiting from several of them as one batch
 (``batching``: ``batch_window_ms``, ``max_batch``, ``max_latency_ms``), handed to
-``ServingTask.serve`` together; each result goes out on its own camera's outputs.
+``ServingTask.serve`` together; each result goes out on its own camera's outputs. With
+``batches_in_flight`` > 1 that many batches are served at once, one engine run at a time (the
+core's engine lock), each batch's publishing run in the order the batches were taken (``turns``).
 """
 from __future__ import annotations
 
