@@ -5,6 +5,8 @@ its work, its in-order part after the first's. Driven by threads and events, no 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from _waiting import wait_for
@@ -111,8 +113,23 @@ def test_shared_holders_run_together_and_an_exclusive_one_waits_for_them_and_kee
         lock.release()
 
 
-def test_two_workers_serve_a_second_batch_while_the_first_is_busy_and_keep_their_order():
+@contextmanager
+def _two_workers(serve, errors: list[BaseException], release: threading.Event) -> Iterator[Mailbox]:
+    """A mailbox served by a two-worker FrameWorker; ``release`` is set and the workers stopped
+    and joined on the way out, whatever the test did."""
     mailbox = Mailbox()
+    worker = FrameWorker(mailbox, serve, lambda: 0.0, errors.append, "pipeline", workers=2)
+    worker.start()
+    try:
+        yield mailbox
+    finally:
+        release.set()
+        worker.stop()
+        worker.join(30)
+    assert worker.alive() == []
+
+
+def test_two_workers_serve_a_second_batch_while_the_first_is_busy_and_keep_their_order():
     first_busy, release_first, second_done = threading.Event(), threading.Event(), threading.Event()
     order: list[int] = []
     errors: list[BaseException] = []
@@ -127,9 +144,7 @@ def test_two_workers_serve_a_second_batch_while_the_first_is_busy_and_keep_their
         with turn:
             order.append(stamp)
 
-    worker = FrameWorker(mailbox, serve, lambda: 0.0, errors.append, "pipeline", workers=2)
-    worker.start()
-    try:
+    with _two_workers(serve, errors, release_first) as mailbox:
         mailbox.put(Arrival("cam", 1, "f", None))
         wait_for(first_busy.is_set, 30, "the first batch in its work")
         mailbox.put(Arrival("cam", 2, "f", None))
@@ -138,17 +153,11 @@ def test_two_workers_serve_a_second_batch_while_the_first_is_busy_and_keep_their
         release_first.set()
         wait_for(lambda: len(order) == 2, 30, "both batches out")
         assert order == [1, 2] and errors == []
-    finally:
-        release_first.set()
-        worker.stop()
-        worker.join(30)
-    assert worker.alive() == []
     with pytest.raises(ValueError, match="at least one"):
-        FrameWorker(mailbox, serve, lambda: 0.0, errors.append, "none", workers=0)
+        FrameWorker(Mailbox(), serve, lambda: 0.0, errors.append, "none", workers=0)
 
 
 def test_a_batch_that_raises_before_its_turn_does_not_hold_up_the_next():
-    mailbox = Mailbox()
     first_in, release_first = threading.Event(), threading.Event()
     order: list[int] = []
     errors: list[BaseException] = []
@@ -162,16 +171,10 @@ def test_a_batch_that_raises_before_its_turn_does_not_hold_up_the_next():
         with turn:
             order.append(stamp)
 
-    worker = FrameWorker(mailbox, serve, lambda: 0.0, errors.append, "pipeline", workers=2)
-    worker.start()
-    try:
+    with _two_workers(serve, errors, release_first) as mailbox:
         mailbox.put(Arrival("cam", 1, "f", None))
         wait_for(first_in.is_set, 30, "the first batch in its work")
         mailbox.put(Arrival("cam", 2, "f", None))
         release_first.set()
         wait_for(lambda: order == [2], 30, "the second batch out after the first failed")
         assert [str(exc) for exc in errors] == ["the first batch broke"]
-    finally:
-        release_first.set()
-        worker.stop()
-        worker.join(30)
