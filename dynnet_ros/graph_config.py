@@ -286,7 +286,7 @@ def load_graph(path: str | Path) -> GraphConfig:
 
 
 def default_config_path() -> Path:
-    """The installed share/dynnet_ros/config/vehicle.yaml, else the source checkout's copy."""
+    """The vehicle graph's config, ``vehicle.yaml`` (``config_file``)."""
     return config_file("vehicle.yaml")
 
 
