@@ -180,19 +180,22 @@ class Probe:
         """Latest /diagnostics status of ``node`` (fully qualified), e.g. ``lane_node: lane model``."""
         return next(v for k, v in self.diags.items() if k.startswith(node.rsplit("/", 1)[-1] + ":"))
 
-    def engines_at(self, budgets: dict[str, float], timeout: float = STEP_S) -> dict[str, int]:
-        """Resident weight bytes of each model's engine once its /diagnostics show ``budgets`` in
-        force (all of its weights while it runs in memory)."""
+    def engines_at_acked(self, timeout: float = STEP_S) -> tuple[dict[str, float], dict[str, int]]:
+        """The budgets in force and each model engine's resident weight bytes, once every engine's
+        /diagnostics show the budget its node acknowledged last (all of its weights while it runs
+        in memory). The budgets are read at each check: a node's levels are re-measured as it
+        runs, so the manager may re-send a budget a little off the one acknowledged before."""
         def ready():
             out = {}
+            budgets = self.acked()
             for n in MODEL_NODES:
                 values = self.node_status(n)["values"]
                 if float(values["engine.memory_budget_mb"] or "nan") != pytest.approx(budgets[n], abs=1e-3):
                     return None
                 resident = values.get("engine.resident_weight_bytes")
                 out[n] = int(float(resident if resident not in (None, "", "None") else values["engine.weight_bytes"]))
-            return out
-        return self.spin_until(ready, timeout, f"engines running at {budgets}")
+            return budgets, out
+        return self.spin_until(ready, timeout, "engines running at the budgets acknowledged")
 
     def last(self) -> dict:
         return self.reports[-1]
@@ -247,10 +250,9 @@ def test_budgets_follow_memory_pressure(graph):
                     and all(probe.acked()[n] == pytest.approx(probe.last()["nodes"][n]["max_mb"], abs=HYST_MB)
                             for n in MODEL_NODES) and tuple(probe.acked().values()))
     probe.spin_until_stable(full, 3.0, STEP_S, "every model at a steady full budget")
-    before = probe.acked()
+    before, resident_full = probe.engines_at_acked()
     sum_min = sum(probe.last()["nodes"][n]["min_mb"] for n in MODEL_NODES)
     sum_max = sum(probe.last()["nodes"][n]["max_mb"] for n in MODEL_NODES)
-    resident_full = probe.engines_at(before)
     counts0 = dict(probe.counts)
     timings: dict[str, float] = {}
 
@@ -279,8 +281,7 @@ def test_budgets_follow_memory_pressure(graph):
     squeeze(sum_min - 16, lambda: probe.last()["infeasible"]
             and all(probe.acked()[n] == pytest.approx(probe.last()["nodes"][n]["min_mb"], abs=0.5)
                     for n in MODEL_NODES), "every model at its minimum")
-    at_min = probe.acked()
-    resident_min = probe.engines_at(at_min)
+    at_min, resident_min = probe.engines_at_acked()
     assert probe.last()["starved"], probe.last()
     probe.spin_until(lambda: any(k.startswith("budget_manager: allocation") and v["level"] == 2
                                  and "starved" in v["message"] for k, v in probe.diags.items()),
