@@ -28,7 +28,7 @@ several cameras sent at once: the loss would be the transport's, not the layout'
 Usage: python bench/cameras_bench.py [--models lane,pedestrian,depth,yolov8n] [--cameras 1,2,4,6]
        [--rate 10] [--warmup 15] [--window 20] [--rounds 1] [--stagger] [--fastdds-profile FILE|default]
        [--executor threads|events] [--multi-threads N] [--separate-threads N] [--in-flight N]
-       [--json out.json] [--png out.png] [--from-json run.json ...]
+       [--multi-param NAME=VALUE ...] [--json out.json] [--png out.png] [--from-json run.json ...]
 ``--from-json`` summarises (and plots) the runs saved by earlier ``--json`` runs instead of running,
 so layouts measured in separate runs (e.g. each at its own ``--separate-threads``) share one table.
 Runs with its own ROS_DOMAIN_ID unless one is set, and ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST.
@@ -46,7 +46,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -216,6 +216,7 @@ class RunResult:
     load_average: float
     threads: int        # each model process's engine threads
     in_flight: int      # batches each model process serves at once
+    settings: dict = field(default_factory=dict)   # the multi node's --multi-param parameters
 
     @property
     def aggregate_hz(self) -> float:
@@ -235,6 +236,14 @@ def params_file(directory: Path, name: str, params: dict) -> Path:
     return path
 
 
+def node_param(text: str) -> tuple[str, object]:
+    """``--multi-param NAME=VALUE``: the name and the value read as YAML."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, yaml.safe_load(value)
+
+
 def layout_settings(layout: str, cameras: int, args: argparse.Namespace) -> tuple[dict, int, int]:
     """The node parameters ``layout`` sets besides the model's, and the engine threads and batches
     in flight each of its processes runs with (a 0 parameter resolved as the node resolves it)."""
@@ -242,6 +251,7 @@ def layout_settings(layout: str, cameras: int, args: argparse.Namespace) -> tupl
     params: dict = {"threads": threads}
     if layout == "multi":
         params.update(cameras=[f"cam{i}" for i in range(cameras)], batches_in_flight=args.in_flight)
+        params.update(args.multi_param)
     in_flight = batches_in_flight(params, cameras) if layout == "multi" else 1
     return params, threads or default_threads(), in_flight
 
@@ -308,7 +318,8 @@ def run_layout(spec: ModelSpec, layout: str, cameras: int, args: argparse.Namesp
                      round(float(np.percentile(every, 50)), 1) if every else float("nan"),
                      round(float(np.percentile(every, 95)), 1) if every else float("nan"),
                      round(total_pss, 1), round(cpu * 1e3 / frames, 1) if frames else float("nan"),
-                     round(os.getloadavg()[0], 1), threads, in_flight)
+                     round(os.getloadavg()[0], 1), threads, in_flight,
+                     dict(args.multi_param) if layout == "multi" else {})
 
 
 # ---------------------------------------------------------------------------------------- report
@@ -331,6 +342,7 @@ def summarise(runs: list[RunResult]) -> list[dict]:
                 "cpu_ms_per_frame": statistics.median(r.cpu_ms_per_frame for r in mine),
                 "threads": mine[0].threads,
                 "in_flight": mine[0].in_flight,
+                "settings": mine[0].settings,
                 "load_average": [r.load_average for r in mine],
             }
         if "multi" in row and "separate" in row:
@@ -350,7 +362,8 @@ def print_table(rows: list[dict]) -> None:
         for layout in ("multi", "separate"):
             if layout in row:
                 m = row[layout]
-                print(f"| {row['model']} | {row['cameras']} | {layout} | {m['threads']} x {m['in_flight']} | "
+                settings = "".join(f", {k} {v}" for k, v in m["settings"].items())
+                print(f"| {row['model']} | {row['cameras']} | {layout} | {m['threads']} x {m['in_flight']}{settings} | "
                       f"{m['min_camera_hz']:.2f} | {m['aggregate_hz']:.2f} | {m['latency_p50_ms']:.0f} / "
                       f"{m['latency_p95_ms']:.0f} | {m['total_pss_mb']:.0f} | {m['cpu_ms_per_frame']:.1f} | "
                       f"{'/'.join(f'{v:g}' for v in m['load_average'])} |")
@@ -401,6 +414,8 @@ def main() -> int:
     parser.add_argument("--separate-threads", type=int, default=0,
                         help="engine threads of each single-camera node (0: the node's default)")
     parser.add_argument("--in-flight", type=int, default=1, help="batches_in_flight of the multi-camera node")
+    parser.add_argument("--multi-param", action="append", default=[], metavar="NAME=VALUE", type=node_param,
+                        help="a parameter of the multi-camera node (VALUE as YAML), e.g. max_batch=2; repeatable")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--from-json", type=Path, nargs="+", help="summarise these runs' --json files instead")
     parser.add_argument("--png", type=Path)

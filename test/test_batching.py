@@ -111,3 +111,26 @@ def test_the_mailbox_stamps_arrivals_with_its_clock_and_hands_out_the_sources_as
     taken = box.take_sources(["left", "rear", "front"])
     assert [(a.source, a.stamp_ns) for a in taken] == [("left", 2), ("front", 3)]
     assert box.waiting() == ([], 3)
+
+
+def test_a_worker_behind_serves_the_cameras_in_turn_not_in_publishing_order():
+    """Cameras triggered together arrive in one order each period; a batch-1 worker that serves
+    fewer frames than arrive must still give each camera the same share."""
+    clock = [0.0]
+    box = Mailbox(clock=lambda: clock[0])
+    cameras = ("front", "left", "right", "rear")
+    served = {name: 0 for name in cameras}
+    for period in range(12):
+        for i, name in enumerate(cameras):
+            clock[0] = period + i / 1000
+            box.put(Arrival(name, period, name, None))
+        for _ in range(3):   # three frames served per period of four
+            arrival = box.take()
+            assert arrival is not None
+            served[arrival.source] += 1
+    assert set(served.values()) == {9}
+
+
+def test_the_camera_served_least_recently_goes_first_in_a_batch():
+    waiting = [Waiting("front", 1.000, served=7), Waiting("left", 1.001, served=3), Waiting("rear", 1.002)]
+    assert form_batch(waiting, 1.002, 1.002, POLICY, 2).take == ("rear", "left")

@@ -215,6 +215,29 @@ def test_resize_bilinear_is_exact_on_constant_and_identity():
         resize_bilinear(np.zeros((2, 2, 2, 2)), 3, 3)
 
 
+@pytest.mark.parametrize(("height", "width"), [(6, 8), (7, 5), (60, 40), (61, 40)])
+def test_resize_bilinear_matches_onnx_resize_at_half_size_and_elsewhere(height, width):
+    """Half-pixel bilinear as ONNX Resize defines it (onnx's reference implementation), on the
+    exact halving the 2x2-mean path serves and on sizes the general path serves."""
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+    node = helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode="linear",
+                            coordinate_transformation_mode="half_pixel")
+    graph = helper.make_graph([node], "resize", [helper.make_tensor_value_info("x", 1, None),
+                                                 helper.make_tensor_value_info("sizes", 7, [2])],
+                              [helper.make_tensor_value_info("y", 1, None)])
+    reference = ReferenceEvaluator(helper.make_model(graph))
+    image = RNG.integers(0, 256, (height, width, 3), dtype=np.uint8)
+    for out_h, out_w in [(height // 2, width // 2), (height * 2 // 3 or 1, width + 3)]:
+        if out_h == 0 or out_w == 0:
+            continue
+        got = resize_bilinear(image, out_h, out_w)
+        for c in range(3):
+            want = reference.run(None, {"x": image[:, :, c].astype(np.float32),
+                                        "sizes": np.array([out_h, out_w], np.int64)})[0]
+            np.testing.assert_allclose(got[:, :, c], want, rtol=0, atol=1e-3)
+
+
 # ----------------------------------------------------------------------------- extrinsics / projection
 
 def test_rpy_matrix_roundtrip_and_six_vs_sixteen_values():

@@ -15,8 +15,12 @@ The rules (the ``batch_window_ms``, ``max_batch`` and ``max_latency_ms`` paramet
 * It runs at once when ``limit`` frames wait (``max_batch``, at most one frame per camera; 0:
   the cameras shared between the batches in flight, ``BatchPolicy.limit``):
   a camera that stops publishing costs the others at most the window, never a stall.
-* The frames taken are those of the ``limit`` cameras waiting longest (a replaced frame keeps
-  its camera's place); the rest wait for the next batch.
+* The frames taken are those of the ``limit`` cameras served least recently, and among cameras
+  served equally recently those waiting longest (a replaced frame keeps its camera's place); the
+  rest wait for the next batch. Serving order, not arrival order, comes first: cameras triggered
+  together arrive in the same order every period, and a worker that frees up takes whatever waits
+  then, so by arrival alone the camera that publishes first would win every period the worker
+  falls behind in.
 """
 from __future__ import annotations
 
@@ -27,19 +31,26 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Waiting:
-    """A frame waiting in the mailbox: its camera, when it arrived (the worker's clock, s), and
-    since when its camera has had a frame waiting (``since``; None: since this frame arrived).
-    A newer frame replacing a waiting one keeps the camera's place: cameras are taken in the order
-    they began waiting, so a camera whose frames keep being replaced is not passed over forever by
-    cameras that publish a little earlier in each period."""
+    """A frame waiting in the mailbox: its camera, when it arrived (the worker's clock, s), since
+    when its camera has had a frame waiting (``since``; None: since this frame arrived) and when
+    its camera was last served (``served``: the mailbox's take count then; -1: never).
+    A newer frame replacing a waiting one keeps the camera's place: among cameras served equally
+    recently, they are taken in the order they began waiting, so a camera whose frames keep being
+    replaced is not passed over by cameras that publish a little earlier in each period."""
 
     source: str
     arrived: float
     since: float | None = None
+    served: int = -1
 
     @property
     def waiting_since(self) -> float:
         return self.arrived if self.since is None else self.since
+
+    @property
+    def turn_key(self) -> tuple[int, float]:
+        """The order cameras are taken in: least recently served first, then waiting longest."""
+        return self.served, self.waiting_since
 
 
 @dataclass(frozen=True)
@@ -91,9 +102,9 @@ def form_batch(waiting: Sequence[Waiting], now: float, opened: float, policy: Ba
         raise ValueError(f"a batch limit must be >= 1, got {limit}")
     if not waiting:
         return Batch((), math.inf)
-    longest_first = sorted(waiting, key=lambda w: w.waiting_since)
-    take = tuple(w.source for w in longest_first[:limit])
-    if len(longest_first) >= limit or policy.window_s <= 0.0:
+    in_turn = sorted(waiting, key=lambda w: w.turn_key)
+    take = tuple(w.source for w in in_turn[:limit])
+    if len(in_turn) >= limit or policy.window_s <= 0.0:
         return Batch(take, 0.0)
     deadline = min(opened + policy.window_s, min(w.arrived for w in waiting) + policy.max_latency_s)
     if now >= deadline:

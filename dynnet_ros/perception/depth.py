@@ -139,10 +139,10 @@ class DepthEstimator(PerceptionCore[DepthFormat]):
         if plane.size != plane.shape[-1] * plane.shape[-2]:
             raise ValueError(f"depth output {self.output_name} has shape {list(plane.shape)}, expected one map")
         values = box.to_source(plane.reshape(plane.shape[-2:]))   # the model's map in the frame's pixels
-        values = np.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
+        values = _finite(values)
         if not self.format.relative:
+            # finite values times a finite scale are finite or overflow to +-inf, which clip bounds
             metres = np.multiply(values, np.float32(self.depth_scale), dtype=np.float32)
-            np.nan_to_num(metres, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
             np.clip(metres, 0.0, self.max_depth_m, out=metres)
             if not self.format.lidar_input and points is not None and k is not None:
                 in_view = len(project_points(points, k, box.src_h, box.src_w)[0])
@@ -186,3 +186,11 @@ class DepthEstimator(PerceptionCore[DepthFormat]):
     def describe(self) -> dict:
         return {**super().describe(), "output": self.output_name, "depth_scale": self.depth_scale,
                 "max_depth_m": self.max_depth_m, "min_fit_points": self.min_fit_points}
+
+
+def _finite(values: np.ndarray) -> np.ndarray:
+    """``values`` with NaN and +-inf as 0 (no depth). Checked in one pass first: a model's map is
+    almost always all finite, and replacing takes three passes and a copy of a whole frame."""
+    if np.isfinite(values).all():
+        return values
+    return np.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)

@@ -42,6 +42,9 @@ def resize_plane_into(src: np.ndarray, out: np.ndarray,
     if src.shape == out.shape:
         out[...] = convert(src)
         return
+    if src.shape == (2 * height, 2 * width):
+        _halve_into(src, out, convert, chunk_rows)
+        return
     lo_y, hi_y, fy = axis_weights(src.shape[0], height)
     lo_x, hi_x, fx = axis_weights(src.shape[1], width)
     one_fx = 1.0 - fx[None, :]
@@ -51,6 +54,23 @@ def resize_plane_into(src: np.ndarray, out: np.ndarray,
         wy = fy[r0:r1, None]
         rows = convert(src[lo_y[r0:r1]]) * (1.0 - wy) + convert(src[hi_y[r0:r1]]) * wy
         out[r0:r1] = rows[:, lo_x] * one_fx + rows[:, hi_x] * fx
+
+
+def _halve_into(src: np.ndarray, out: np.ndarray, convert: Callable[[np.ndarray], np.ndarray],
+                chunk_rows: int) -> None:
+    """``resize_plane_into`` for a source exactly twice ``out``'s size on both axes: with
+    half-pixel centres every output pixel samples the middle of a 2x2 block, so bilinear is the
+    block's mean. Four strided adds instead of gathers and blends (a 640x480 camera into a
+    320-side model input, or 1280x720 into 640)."""
+    height = out.shape[0]
+    for r0 in range(0, height, chunk_rows):
+        r1 = min(height, r0 + chunk_rows)
+        top, bottom = src[2 * r0: 2 * r1: 2], src[2 * r0 + 1: 2 * r1: 2]
+        block = np.add(top[:, 0::2], top[:, 1::2], dtype=np.float32)
+        block += bottom[:, 0::2]
+        block += bottom[:, 1::2]
+        block *= np.float32(0.25)
+        out[r0:r1] = convert(block)
 
 
 def resize_bilinear(image: np.ndarray, height: int, width: int) -> np.ndarray:

@@ -3,8 +3,9 @@
 Why: a camera callback must never wait for a model, and a model must never work through a
 queue of stale frames. The callback parks each frame in a one-slot mailbox per source (a camera),
 replacing, and so dropping, an older frame of that source still waiting; one worker thread takes
-what is waiting and serves it. Sources are served in the order they began waiting (a frame
-that replaces another keeps its source's place), so one busy camera cannot starve another.
+what is waiting and serves it. Sources are served least recently served first, then in the order
+they began waiting (a frame that replaces another keeps its source's place), so a worker that
+cannot keep up drops every camera's frames alike and one busy camera cannot starve another.
 With several cameras the worker takes their frames as one batch (``batching.form_batch``
 decides which and when: a silent camera delays the others by at most the batch window). With a
 rate cap the worker waits out the rest of each period before it takes the next batch, and
@@ -53,6 +54,8 @@ class Mailbox:
         self.clock = clock
         self._changed = threading.Condition()
         self._slots: dict[str, Arrival] = {}   # insertion order: the source waiting longest first
+        self._served: dict[str, int] = {}      # source -> the take count when it was last served
+        self._takes = 0      # frames taken so far: the order sources were served in
         self._puts = 0       # frames parked so far: a waiting worker sees a new one
         self._woken = False  # wake() was called: a waiting worker returns to look at its stop flag
 
@@ -69,21 +72,31 @@ class Mailbox:
         return replaced
 
     def take(self) -> Arrival | None:
-        """The waiting frame of the source waiting longest (None: none waits)."""
+        """The waiting frame whose turn it is (``Waiting.turn_key``; None: none waits)."""
         with self._changed:
             if not self._slots:
                 return None
-            return self._slots.pop(next(iter(self._slots)))
+            source = min(self._waiting(), key=lambda w: w.turn_key).source
+            return self._pop(source)
 
     def take_sources(self, sources: Iterable[str]) -> list[Arrival]:
         """The waiting frames of ``sources``, in that order (a source with none is left out)."""
         with self._changed:
-            return [self._slots.pop(source) for source in sources if source in self._slots]
+            return [self._pop(source) for source in sources if source in self._slots]
 
     def waiting(self) -> tuple[list[Waiting], int]:
-        """The frames waiting (source and arrival time) and the count of frames parked so far."""
+        """The frames waiting (source, arrival, when their source was served) and the count of
+        frames parked so far."""
         with self._changed:
-            return [Waiting(a.source, a.arrived, a.since) for a in self._slots.values()], self._puts
+            return self._waiting(), self._puts
+
+    def _waiting(self) -> list[Waiting]:
+        return [Waiting(a.source, a.arrived, a.since, self._served.get(a.source, -1)) for a in self._slots.values()]
+
+    def _pop(self, source: str) -> Arrival:
+        self._served[source] = self._takes
+        self._takes += 1
+        return self._slots.pop(source)
 
     def wait(self, timeout: float) -> bool:
         """Block until a frame may be waiting (or ``timeout``); whether one may."""
@@ -180,7 +193,7 @@ class FrameWorker:
                 turn.end()
 
     def _next_batch(self) -> list[Arrival]:
-        """The frames to serve now: the longest-waiting one alone when not batching, else what
+        """The frames to serve now: the one whose turn it is alone when not batching, else what
         ``form_batch`` takes once it decides (a new frame or the decision's time re-asks it)."""
         opened = self._mailbox.clock()
         while not self._stop.is_set():
