@@ -253,7 +253,8 @@ def layout_settings(layout: str, cameras: int, args: argparse.Namespace) -> tupl
         params.update(cameras=[f"cam{i}" for i in range(cameras)], batches_in_flight=args.in_flight)
         params.update(args.multi_param)
     in_flight = batches_in_flight(params, cameras) if layout == "multi" else 1
-    return params, threads or default_threads(), in_flight
+    # a node's engine shares the CPUs between its runs in flight (Engine's concurrent_runs)
+    return params, threads or max(1, default_threads() // in_flight), in_flight
 
 
 def start_nodes(spec: ModelSpec, layout: str, cameras: int, namespace: str, directory: Path,

@@ -32,6 +32,7 @@ LAYERS: dict[str, int] = {
     "dynnet_ros.hostcaps": 0,
     "dynnet_ros.procmem": 0,
     "dynnet_ros.memtrim": 0,
+    "dynnet_ros.shared_lock": 0,
     "dynnet_ros.geometry": 0,
     "dynnet_ros.layouts": 0,
     "dynnet_ros.compressed": 0,

@@ -12,7 +12,8 @@ import pytest
 from _waiting import wait_for
 
 from dynnet_ros.perception.mailbox import Arrival, FrameWorker, Mailbox
-from dynnet_ros.perception.turns import SharedLock, Turn, Turns
+from dynnet_ros.perception.turns import Turn, Turns
+from dynnet_ros.shared_lock import SharedLock
 
 #: how long a test waits for something that must not happen (a correct implementation never
 #: does it; a broken one is caught unless the machine stalls the other thread that long)

@@ -28,9 +28,11 @@ from dynnet_ros.engine.modelio.models import (
     weight_bytes,
 )
 from dynnet_ros.engine.modelio.onnx_proto import ModelProto
+from dynnet_ros.engine.plan.options import default_threads
 from dynnet_ros.engine.reference import ORT_RUN_ERRORS, ReferenceRunner, plain_only_reason, refused
 from dynnet_ros.engine.runtime.base import OVER_BUDGET_POLICIES, Executor, ExecutorStats, OverBudget, WindowStats
 from dynnet_ros.engine.runtime.ort_executor import OrtExecutor
+from dynnet_ros.shared_lock import SharedLock
 from dynnet_ros.swap.budget_policy import BudgetModel, BudgetRefused, SwapPolicy, preferred_shapes
 
 log = logging.getLogger(__name__)
@@ -109,7 +111,8 @@ class Engine:
 
     def __init__(self, model: ModelLike, backend: str = "cpu", *, threads: int | None = None,
                  memory_budget_mb: float | None = None, swappable: bool = False, layout: str = "nchwc",
-                 input_shapes: Mapping[str, tuple[int, ...]] | None = None, over_budget: str = "run") -> None:
+                 input_shapes: Mapping[str, tuple[int, ...]] | None = None, over_budget: str = "run",
+                 concurrent_runs: int = 1) -> None:
         """``swappable``: start on the executor that takes budgets later without a rebuild (the
         planned engine with streamed weights, all resident while there is no budget) — for
         callers whose budget will change, like the model nodes. Switching executors later
@@ -139,11 +142,22 @@ class Engine:
         will change is built ``swappable``: the first budget given to an engine built with
         neither replaces its in-memory executor, whose freed heap and code pages stay in the
         process (its RSS peaked at the in-memory footprint before, and stays above what the
-        budget counts after)."""
+        budget counts after).
+
+        ``concurrent_runs``: how many ``run`` calls may go at once from different threads, each
+        with activations of its own (the planned cpu backend while no budget holds the engine;
+        under a budget runs take turns, within one run's activations). ``threads`` then defaults
+        to the CPUs shared between them: two single-threaded runs keep two cores busy where one
+        run's two threads wait on each other between operators."""
         if layout not in ("nchwc", "as-given"):
             raise ValueError(f"unknown layout {layout!r} (nchwc | as-given)")
         if over_budget not in OVER_BUDGET_POLICIES:
             raise ValueError(f"over_budget must be one of {OVER_BUDGET_POLICIES}, got {over_budget!r}")
+        if concurrent_runs < 1:
+            raise ValueError(f"concurrent_runs must be >= 1, got {concurrent_runs}")
+        self.concurrent_runs = int(concurrent_runs)
+        if threads is None and concurrent_runs > 1:
+            threads = max(1, default_threads() // concurrent_runs)
         self.over_budget = over_budget
         self.model_path = None if not isinstance(model, (str, bytes)) and not hasattr(model, "__fspath__") \
             else str(model)
@@ -181,7 +195,11 @@ class Engine:
         # With a budget (or swappable) the budget policy builds the first executor: no full
         # in-memory one first.
         self._executor: Executor | None = self._create_inmemory() if inmemory else None
-        self._lock = threading.Lock()
+        self._allow_runs(self._executor)
+        # held shared by runs that may overlap (the executor's runs_concurrently), exclusive by
+        # everything that changes or reads the executor's state, runs that take turns included
+        self._lock = SharedLock()
+        self._stats_lock = threading.Lock()   # what runs record, from several threads at once
         self._budget_mb: float | None = None
         self._last_latency_ms: float | None = None
         self._last_signature: tuple | None = None
@@ -241,28 +259,37 @@ class Engine:
         """Same semantics as ``InferenceSession.run(None, feeds)`` but keyed by output name."""
         checked = self._check_feeds(feeds)
         signature = shape_signature(checked)
-        with self._lock:
+        with self._lock.shared():
             executor = self._executor
-            if executor is None:  # the constructor sets one or raises
-                raise RuntimeError("the engine has no executor")
-            # a plain session (backend "ort", or the planner's single-session verdict) holds no
-            # plan that feeds outside the declaration could break
-            plain = self.backend == "ort" or executor.name == OrtExecutor.name
-            breach = None if plain else plan_breach(self.inputs, checked)
-            start = time.perf_counter()
-            try:
-                outputs = executor.run(checked) if breach is None else self._reference.run(checked, breach)
-            except ORT_RUN_ERRORS as exc:
-                raise refused(checked, exc) from exc
-            self._last_latency_ms = (time.perf_counter() - start) * 1e3
+            if executor is not None and _overlaps(executor):
+                return self._run_on(executor, checked, signature)
+        with self._lock:
+            return self._run_on(self._executor, checked, signature)
+
+    def _run_on(self, executor: Executor | None, checked: dict[str, np.ndarray],
+                signature: tuple) -> dict[str, np.ndarray]:
+        """One run on ``executor``, inside the engine's lock (shared where runs overlap)."""
+        if executor is None:  # the constructor sets one or raises
+            raise RuntimeError("the engine has no executor")
+        # a plain session (backend "ort", or the planner's single-session verdict) holds no
+        # plan that feeds outside the declaration could break
+        plain = self.backend == "ort" or executor.name == OrtExecutor.name
+        breach = None if plain else plan_breach(self.inputs, checked)
+        start = time.perf_counter()
+        try:
+            outputs = executor.run(checked) if breach is None else self._reference.run(checked, breach)
+        except ORT_RUN_ERRORS as exc:
+            raise refused(checked, exc) from exc
+        latency_ms = (time.perf_counter() - start) * 1e3
+        with self._stats_lock:
+            self._last_latency_ms = latency_ms
+            self._runs += 1
             if breach is not None:  # budgets and calibrations describe the planned runs only
-                self._runs += 1
                 return outputs
             self._record_control_values(checked)
             self._last_signature = signature
-            self._swap.observe_run(self._last_latency_ms, signature)  # calibrates the in-memory table level
+            self._swap.observe_run(latency_ms, signature)  # calibrates the in-memory table level
             self._signatures.add(signature)
-            self._runs += 1
         return outputs
 
     def _record_control_values(self, feeds: Mapping[str, Any]) -> None:
@@ -286,7 +313,22 @@ class Engine:
             except BudgetRefused as exc:  # the executor was replaced; the budget in force stays
                 self._executor = exc.executor
                 raise
+            finally:
+                self._allow_runs(self._executor)
             self._budget_mb = value
+
+    @property
+    def runs_overlap(self) -> bool:
+        """Whether ``run`` calls from several threads go at once now (``concurrent_runs`` > 1,
+        the planned backend, no budget, every weight resident), rather than taking turns."""
+        executor = self._executor
+        return executor is not None and _overlaps(executor)
+
+    def _allow_runs(self, executor: Executor | None) -> None:
+        """Tell ``executor`` how many runs may go at once (where it can run several)."""
+        allow = getattr(executor, "allow_concurrent_runs", None)
+        if allow is not None and self.concurrent_runs > 1:
+            allow(self.concurrent_runs)
 
     def min_budget_mb(self, shapes: Mapping[str, tuple[int, ...]] | None = None) -> float:
         """Smallest budget ``set_memory_budget`` accepts: the engine's footprint besides weights
@@ -341,3 +383,9 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _overlaps(executor: Executor) -> bool:
+    """Whether ``executor`` lets runs overlap now (``runs_concurrently``; executors without it: no)."""
+    overlaps = getattr(executor, "runs_concurrently", None)
+    return bool(overlaps()) if overlaps is not None else False

@@ -34,7 +34,7 @@ from dynnet_ros.nodes.model_params import common_specs, format_spec, input_size
 from dynnet_ros.perception import DepthEstimator
 from dynnet_ros.perception.formats.depth import DEPTH_FORMATS
 from dynnet_ros.perception.results import DepthFit
-from dynnet_ros.perception.serving import FrameInfo, Publish
+from dynnet_ros.perception.serving import FrameInfo, Publish, engine_runs
 from dynnet_ros.sim.scene import lidar_to_camera_xyzrpy
 
 
@@ -113,7 +113,8 @@ class DepthNode(ModelNode[DepthEstimator]):
         super().create_sensor_inputs()
 
     def build_core(self, path: str, params: dict[str, Any], memory_budget_mb: float | None) -> DepthEstimator:
-        return make_depth_estimator(path, params, memory_budget_mb, swappable=True)
+        return make_depth_estimator(path, params, memory_budget_mb, swappable=True,
+                                    concurrent_runs=engine_runs(params))
 
     def validate_task_params(self, merged: dict[str, Any], updates: dict[str, Any]) -> None:
         # a model change is checked by the new core itself

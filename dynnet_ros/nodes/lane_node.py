@@ -24,7 +24,7 @@ from dynnet_ros.nodes.model_node import OUTPUT_QOS, ModelNode, publish_all
 from dynnet_ros.nodes.model_params import class_list, classes_spec, common_specs, format_spec, input_size
 from dynnet_ros.perception import Segmenter
 from dynnet_ros.perception.formats.segmentation import segmentation_formats
-from dynnet_ros.perception.serving import FrameInfo, Publish
+from dynnet_ros.perception.serving import FrameInfo, Publish, engine_runs
 
 TASK_PARAMETERS = [
     format_spec("Segmentation", segmentation_formats()),
@@ -80,7 +80,7 @@ class LaneNode(ModelNode[Segmenter]):
                            self.create_publisher(Image, camera.output("lane/labels"), OUTPUT_QOS))
 
     def build_core(self, path: str, params: dict[str, Any], memory_budget_mb: float | None) -> Segmenter:
-        return make_segmenter(path, params, memory_budget_mb, swappable=True)
+        return make_segmenter(path, params, memory_budget_mb, swappable=True, concurrent_runs=engine_runs(params))
 
     def infer(self, frames: list[FrameInfo], rgbs: list[np.ndarray], core: Segmenter) -> Publish:
         threshold = np.float32(self.params["lane_threshold"])  # applies per frame, no reload

@@ -150,9 +150,9 @@ def common_specs(task: str) -> list[ParamSpec]:
         ParamSpec("max_latency_ms", 100.0, "A batch never waits for more frames past the oldest waiting frame's "
                   "arrival plus this (nor past batch_window_ms after its first frame).", low=0.0, high=1.0e4),
         ParamSpec("batches_in_flight", 1, "Several cameras: batches served at once, each on a worker thread of its "
-                  "own. With 2 one batch's decoding, pre- and post-processing run beside the other's engine run "
-                  "(outputs still in the order the frames were taken), at the memory of a second batch's frame "
-                  "buffers: for an engine that leaves the CPU's cores idle (an accelerator); on a CPU whose cores "
-                  "the engine's threads fill it serves fewer frames (docs/ros.md). Read-only: set it at start.",
+                  "own, and engine runs at once, each with activations of its own and (threads 0) its share of "
+                  "the CPUs (outputs still in the order the frames were taken). With 2 the two batches keep two "
+                  "cores busy where one run's threads leave them idle; runs overlap only while no memory budget "
+                  "holds the engine, and take turns under one (docs/ros.md). Read-only: set it at start.",
                   low=1, high=4, read_only=True),
     ]

@@ -30,7 +30,7 @@ from dynnet_ros.nodes.model_node import OUTPUT_QOS, ModelNode, publish_all
 from dynnet_ros.nodes.model_params import class_list, classes_spec, common_specs, format_spec, input_size
 from dynnet_ros.perception import Detections, Detector
 from dynnet_ros.perception.formats.detection import DETECTION_FORMATS
-from dynnet_ros.perception.serving import FrameInfo, Publish
+from dynnet_ros.perception.serving import FrameInfo, Publish, engine_runs
 from dynnet_ros.sim.scene import camera_matrix
 
 try:  # optional: not on PyPI as a wheel; present on robots with a system ROS 2
@@ -94,7 +94,7 @@ class PedestrianNode(ModelNode[Detector]):
                                  detections)
 
     def build_core(self, path: str, params: dict[str, Any], memory_budget_mb: float | None) -> Detector:
-        return make_detector(path, params, memory_budget_mb, swappable=True)
+        return make_detector(path, params, memory_budget_mb, swappable=True, concurrent_runs=engine_runs(params))
 
     def infer(self, frames: list[FrameInfo], rgbs: list[np.ndarray], core: Detector) -> Publish:
         # thresholds are read per batch: a change takes effect without reloading the model

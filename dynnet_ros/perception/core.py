@@ -36,9 +36,10 @@ class PerceptionCore(Generic[F]):
     def __init__(self, model_path: str | os.PathLike, model_format: str, formats: Mapping[str, F], *,
                  preprocess: PreprocessOptions, labels_file: str | os.PathLike | None = None,
                  backend: str = "cpu", memory_budget_mb: float | None = None, threads: int | None = None,
-                 swappable: bool = False) -> None:
+                 swappable: bool = False, concurrent_runs: int = 1) -> None:
         """``swappable``: start the engine on the executor that takes budgets later without a
-        rebuild (what a node whose budget changes wants; see ``Engine``)."""
+        rebuild (what a node whose budget changes wants; see ``Engine``). ``concurrent_runs``:
+        how many threads may run the engine at once (a node serving several batches at once)."""
         self.info: ModelInfo = read_model_info(model_path)
         self.names: list[str] | None = read_labels_file(labels_file) if labels_file else \
             names_from_metadata(self.info.metadata)
@@ -50,15 +51,17 @@ class PerceptionCore(Generic[F]):
         except ValueError as exc:
             raise ValueError(f"{self.info.path} ({self.choice.name}): {exc}") from None
         self.model_path = self.info.path
-        #: held around each engine run; letterboxing and post-processing run outside it, so a
-        #: second thread can prepare its frames while the engine runs another's
+        #: held around each run of mapped stages, and of an engine that runs one frame at a time;
+        #: letterboxing and post-processing run outside it, so a second thread can prepare its
+        #: frames while the engine runs another's
         self._lock = threading.Lock()
         #: per thread, ``tensor``: the float32 input tensor kept between runs (a batch of n frames
         #: uses its first n rows, a lone frame the first), one per thread as each fills its own
         #: while another's may be in the engine
         self._buffers = threading.local()
         self.engine = Engine(self.model_path, backend=backend, threads=threads, memory_budget_mb=memory_budget_mb,
-                             swappable=swappable, input_shapes=self.input_shapes(*REFERENCE_FRAME))
+                             swappable=swappable, input_shapes=self.input_shapes(*REFERENCE_FRAME),
+                             concurrent_runs=concurrent_runs)
         #: what runs frames instead of ``engine.run`` when set (a node's mapped stages, dynnet_ros.mapper)
         self.runner: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None
 
@@ -147,8 +150,13 @@ class PerceptionCore(Generic[F]):
         return out
 
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One engine run (or mapped stages' run) on ``feeds``: runs overlap only where the
+        engine was built for them (``concurrent_runs``), which then takes its own turns."""
         runner = self.runner
-        return runner(feeds) if runner is not None else self.engine.run(feeds)
+        if runner is None and self.engine.concurrent_runs > 1:
+            return self.engine.run(feeds)
+        with self._lock:
+            return runner(feeds) if runner is not None else self.engine.run(feeds)
 
     def describe(self) -> dict[str, Any]:
         """The decisions made at construction (logged by nodes, written by `dynnet infer`)."""

@@ -59,7 +59,7 @@ class DepthEstimator(PerceptionCore[DepthFormat]):
                  layout: str | None = None, input_size: int | Sequence[int] | None = None,
                  input_multiple: int | None = None, resize: str | None = None, pad_value: float | None = None,
                  pad_position: str | None = None, threads: int | None = None,
-                 swappable: bool = False) -> None:
+                 swappable: bool = False, concurrent_runs: int = 1) -> None:
         self.depth_scale = _positive(depth_scale, "depth_scale")
         self.max_depth_m = _positive(max_depth_m, "max_depth_m")
         self.min_fit_points = check_positive_int(min_fit_points, "min_fit_points")
@@ -69,7 +69,8 @@ class DepthEstimator(PerceptionCore[DepthFormat]):
                                     input_size=input_size, input_multiple=input_multiple, resize=resize,
                                     pad_value=pad_value, pad_position=pad_position)
         super().__init__(model_path, model_format, DEPTH_FORMATS, preprocess=options, backend=backend,
-                         memory_budget_mb=memory_budget_mb, threads=threads, swappable=swappable)
+                         memory_budget_mb=memory_budget_mb, threads=threads, swappable=swappable,
+                         concurrent_runs=concurrent_runs)
         if self.format.relative and depth_scale != 1.0:
             self.close()
             raise ValueError("depth_scale applies to metric outputs; a relative model is scaled by the LiDAR fit")
@@ -87,8 +88,7 @@ class DepthEstimator(PerceptionCore[DepthFormat]):
         if self.format.lidar_input:
             feeds[LIDAR_INPUT] = np.zeros((1, 1, box.pad_h, box.pad_w), dtype=np.float32)
             in_view = self._fill_lidar(feeds[LIDAR_INPUT][0, 0], points, k, box)
-        with self._lock:
-            value = self._run(feeds)[self.output_name]
+        value = self._run(feeds)[self.output_name]
         return self._finish(value, box, points, k, in_view, source)
 
     def batch(self, frames: Sequence[np.ndarray],
@@ -125,8 +125,7 @@ class DepthEstimator(PerceptionCore[DepthFormat]):
                 lidar = np.zeros((len(chunk), 1, boxes[0].pad_h, boxes[0].pad_w), dtype=np.float32)
                 seen = [self._fill_lidar(lidar[row, 0], *checked[i], boxes[row]) for row, i in enumerate(chunk)]
                 feeds[LIDAR_INPUT] = lidar
-            with self._lock:
-                value = self._run(feeds)[self.output_name]
+            value = self._run(feeds)[self.output_name]
             return [self._finish(value[row: row + 1], boxes[row], *checked[i], seen[row], sources[i])
                     for row, i in enumerate(chunk)]
 

@@ -30,7 +30,7 @@ class Detector(PerceptionCore[DetectionFormat]):
     at most ``max_detections`` boxes, highest score first (``agnostic_nms``: boxes of different
     classes suppress each other too). ``labels_file`` overrides the class
     names in the model's metadata. The remaining keywords override preprocessing
-    (docs/models.md); ``swappable``/``threads`` go to the Engine.
+    (docs/models.md); ``swappable``/``threads``/``concurrent_runs`` go to the Engine.
     """
 
     task = "detection"
@@ -44,7 +44,7 @@ class Detector(PerceptionCore[DetectionFormat]):
                  input_size: int | Sequence[int] | None = None,
                  input_multiple: int | None = None, resize: str | None = None, pad_value: float | None = None,
                  pad_position: str | None = None, threads: int | None = None,
-                 swappable: bool = False) -> None:
+                 swappable: bool = False, concurrent_runs: int = 1) -> None:
         self.score_threshold = check_unit_interval(score_threshold, "score_threshold")
         self.nms_iou = check_unit_interval(nms_iou, "nms_iou")
         self.max_detections = check_positive_int(max_detections, "max_detections")
@@ -56,7 +56,8 @@ class Detector(PerceptionCore[DetectionFormat]):
                                     input_size=input_size, input_multiple=input_multiple, resize=resize,
                                     pad_value=pad_value, pad_position=pad_position)
         super().__init__(model_path, model_format, DETECTION_FORMATS, preprocess=options, labels_file=labels_file,
-                         backend=backend, memory_budget_mb=memory_budget_mb, threads=threads, swappable=swappable)
+                         backend=backend, memory_budget_mb=memory_budget_mb, threads=threads, swappable=swappable,
+                         concurrent_runs=concurrent_runs)
         try:
             if self.names is None and self.choice.name == "zoo":
                 self.names = list(ZOO_NAMES)
@@ -68,8 +69,7 @@ class Detector(PerceptionCore[DetectionFormat]):
 
     def __call__(self, frame: np.ndarray) -> Detections:
         tensor, box = self._prepare(frame)
-        with self._lock:
-            outputs = self._run(self._feeds(tensor))
+        outputs = self._run(self._feeds(tensor))
         raw: RawDetections = self.format.decode(outputs, box)
         return self._finish(raw, box)
 
@@ -82,8 +82,7 @@ class Detector(PerceptionCore[DetectionFormat]):
 
     def _run_together(self, frames: Sequence[np.ndarray]) -> list[Detections]:
         tensor, boxes = self._prepare_batch(frames)
-        with self._lock:
-            outputs = self._run(self._feeds(tensor))
+        outputs = self._run(self._feeds(tensor))
         raws = [self.format.decode(frame_of(outputs, i), box) for i, box in enumerate(boxes)]
         return [self._finish(raw, box) for raw, box in zip(raws, boxes)]
 

@@ -20,13 +20,20 @@ class Intrinsics:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_size: dict[tuple[int, int], np.ndarray] = {}
+        # the last CameraInfo taken, as given: a driver repeats the same one with every frame,
+        # and checking it again would cost the callback thread (and the interpreter) each time
+        self._last: tuple[int, int, tuple[float, ...]] | None = None
 
     def update(self, width: int, height: int, k: Sequence[float] | np.ndarray) -> None:
         """Record ``k`` (9 values or 3x3) for ``width x height`` images; ValueError when it is no
         camera matrix."""
+        given = (width, height, tuple(np.ravel(k).tolist()) if isinstance(k, np.ndarray) else tuple(k))
+        if given == self._last:
+            return
         matrix = validate_intrinsics(k)
         with self._lock:
             self._by_size[(width, height)] = matrix
+            self._last = given
 
     def for_size(self, width: int, height: int) -> np.ndarray | None:
         """K for this image size: an exact match, else the latest one rescaled (None: none known)."""

@@ -40,7 +40,7 @@ class Segmenter(PerceptionCore[SegmentationFormat]):
                  channel_order: str | None = None, scale: float | None = None, layout: str | None = None,
                  input_size: int | Sequence[int] | None = None, input_multiple: int | None = None,
                  resize: str | None = None, pad_value: float | None = None, pad_position: str | None = None,
-                 threads: int | None = None, swappable: bool = False) -> None:
+                 threads: int | None = None, swappable: bool = False, concurrent_runs: int = 1) -> None:
         if output_name is not None and (not isinstance(output_name, str) or not output_name):
             raise ValueError(f"output_name must be a non-empty string or None, got {output_name!r}")
         self.threshold = check_unit_interval(threshold, "threshold")
@@ -50,7 +50,7 @@ class Segmenter(PerceptionCore[SegmentationFormat]):
                                     pad_value=pad_value, pad_position=pad_position)
         super().__init__(model_path, model_format, segmentation_formats(output_name), preprocess=options,
                          labels_file=labels_file, backend=backend, memory_budget_mb=memory_budget_mb,
-                         threads=threads, swappable=swappable)
+                         threads=threads, swappable=swappable, concurrent_runs=concurrent_runs)
         out = self.format.output(self.info)
         if isinstance(out, str):  # the format's fit checked it; kept for the type
             self.close()
@@ -72,8 +72,7 @@ class Segmenter(PerceptionCore[SegmentationFormat]):
 
     def __call__(self, frame: np.ndarray) -> Segmentation:
         tensor, box = self._prepare(frame)
-        with self._lock:
-            value = self._run({self.preprocess.input_name: tensor})[self.output_name]
+        value = self._run({self.preprocess.input_name: tensor})[self.output_name]
         return self._finish(value, box)
 
     def batch(self, frames: Sequence[np.ndarray]) -> list[Segmentation]:
@@ -85,8 +84,7 @@ class Segmenter(PerceptionCore[SegmentationFormat]):
 
     def _run_together(self, frames: Sequence[np.ndarray]) -> list[Segmentation]:
         tensor, boxes = self._prepare_batch(frames)
-        with self._lock:
-            value = self._run({self.preprocess.input_name: tensor})[self.output_name]
+        value = self._run({self.preprocess.input_name: tensor})[self.output_name]
         return [self._finish(value[i: i + 1], box) for i, box in enumerate(boxes)]
 
     def _finish(self, value: np.ndarray, box: Letterbox) -> Segmentation:

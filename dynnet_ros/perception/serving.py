@@ -17,8 +17,9 @@ Several cameras (``sources``) share the one core: each has its own mailbox slot,
 intrinsics, and the worker runs the frames waiting from several of them as one batch
 (``batching``: ``batch_window_ms``, ``max_batch``, ``max_latency_ms``), handed to
 ``ServingTask.serve`` together; each result goes out on its own camera's outputs. With
-``batches_in_flight`` > 1 that many batches are served at once, one engine run at a time (the
-core's engine lock), each batch's publishing run in the order the batches were taken (``turns``).
+``batches_in_flight`` > 1 that many batches are served at once, their engine runs too where the
+engine lets them overlap (``engine_runs``), each batch's publishing run in the order the batches
+were taken (``turns``).
 """
 from __future__ import annotations
 
@@ -48,8 +49,9 @@ from dynnet_ros.perception.mailbox import Arrival, FrameWorker, Mailbox
 from dynnet_ros.perception.mapped import MappedSettings, tune
 from dynnet_ros.perception.mapped_mode import MappedMode
 from dynnet_ros.perception.size_classes import ProfileSink, SizeClasses
-from dynnet_ros.perception.turns import SharedLock, Turn
+from dynnet_ros.perception.turns import Turn
 from dynnet_ros.procmem import ProcessMemory, process_memory
+from dynnet_ros.shared_lock import SharedLock
 from dynnet_ros.zoo import ensure_model
 
 #: parameters whose change builds a new core (loaded beside the old one, which serves until then);
@@ -78,11 +80,16 @@ CORES_IN_PROCESS: weakref.WeakSet = weakref.WeakSet()
 def batches_in_flight(params: dict[str, Any], cameras: int) -> int:
     """How many batches a core serves at once (its worker threads): the ``batches_in_flight``
     parameter with several cameras, one with a single camera (one frame in flight, its latency
-    and memory those of a frame served alone). Two let one batch's decoding, pre- and
-    post-processing (the interpreter) run beside the other's engine run, at the memory of a
-    second batch's frame buffers; where the engine's own threads already fill the CPU's cores
-    that overlap costs more than it gains, so one is the default (docs/ros.md)."""
+    and memory those of a frame served alone). Two run two batches side by side, engine runs
+    included (``engine_runs``), at the memory of a second batch's frame buffers and activations;
+    under a memory budget the engine runs take turns, so one is the default (docs/ros.md)."""
     return max(1, int(params["batches_in_flight"])) if cameras > 1 else 1
+
+
+def engine_runs(params: dict[str, Any]) -> int:
+    """How many engine runs a node's core lets overlap (``Engine(concurrent_runs=...)``): one per
+    batch in flight, each with activations of its own, so two batches use two cores."""
+    return batches_in_flight(params, len(params["cameras"]))
 
 
 class Log(Protocol):
@@ -179,6 +186,8 @@ class ServingCore:
         self.costs = replace(task.costs, in_flight=batches_in_flight(self.params, len(self.sources)))
         self.split = BudgetSplit(self.costs, int(self.params["max_input_side"]), log.warning, len(self.sources))
         self.baseline: ProcessMemory = process_memory()  # a budget bounds RSS growth from here
+        self._turns_warned = False
+        self._warn_runs_take_turns(float(self.params[BUDGET_PARAM]))
         # built inside its budget: an in-memory engine first would double the start-up peak
         self.core: PerceptionCore = self._load(self.params)
         self.held_after_load_mb = process_memory().rss_mb - self.baseline.rss_mb
@@ -486,10 +495,20 @@ class ServingCore:
             self.log.info(f"{BUDGET_PARAM} is assigned by the budget manager {merged[OWNER_PARAM]} "
                           f"from now on ({merged[BUDGET_PARAM]:g} MB){hand}")
 
+    def _warn_runs_take_turns(self, budget_mb: float) -> None:
+        """Log once that a budget makes the engine runs of the batches in flight take turns,
+        each still on its share of the CPUs (``engine_runs``)."""
+        if budget_mb and self.costs.in_flight > 1 and not self._turns_warned:
+            self._turns_warned = True
+            self.log.warning(f"memory_budget_mb {budget_mb:g}: the engine runs of the {self.costs.in_flight} "
+                             f"batches in flight take turns under a budget, each on its share of the CPUs; "
+                             f"batches_in_flight 1 gives one run all of them")
+
     def _set_budget(self, merged: dict[str, Any]) -> None:
         """A new node budget for the running core. One the engine refuses at the batch it runs
         but holds at a smaller one is taken with the batch lowered (WARN status): the engine
         gets its share from the next smaller batch's charge (``BudgetSplit.charge_frames``)."""
+        self._warn_runs_take_turns(float(merged[BUDGET_PARAM]))
         try:
             self.split.set_budget(self.engine, merged[BUDGET_PARAM], lambda: self._commit_budget(merged))
         except ValueError:
@@ -577,6 +596,8 @@ class ServingCore:
             values["batch_limit"] = self._batching()[1]
             values["batch_formed"] = self.batch_limit()
             values["model_max_batch"] = self.model_batch()
+            values["engine_runs"] = self.engine.concurrent_runs
+            values["engine_runs_overlap"] = self.engine.runs_overlap
             for source, counters in self.cameras.items():
                 values.update({f"camera.{source}.{key}": value for key, value in counters.values().items()})
         values.update(extra or {})

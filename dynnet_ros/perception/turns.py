@@ -1,12 +1,12 @@
-"""Ordered turns and a shared/exclusive lock: what lets a serving core run two batches at once.
+"""Ordered turns: what lets a serving core run two batches at once and still publish in order.
 
 Why: a model node serving several cameras overlaps one batch's Python work (decoding,
 letterboxing, post-processing, publishing) with another batch's engine run, so the interpreter
 and the engine use two cores where one worker thread alternates between them. Two batches in
 flight must still leave the node as one would: their results published in the order the
 batches were taken (a camera's outputs never go back in time), and a parameter swap or a close
-waiting until no batch is inside the core. Plain ``threading``; no clocks, so tests drive them
-with threads and events.
+waiting until no batch is inside the core (``shared_lock.SharedLock``). Plain ``threading``; no
+clocks, so tests drive them with threads and events.
 """
 from __future__ import annotations
 
@@ -53,51 +53,6 @@ class Turns:
         with self._changed:
             self._closed = True
             self._changed.notify_all()
-
-
-class SharedLock:
-    """A lock held shared (``shared()``: the batches being served) or exclusive (``with lock:``:
-    a core swap, a budget change, closing). An exclusive request waits for the shared holders to
-    leave and keeps new ones out meanwhile, so a swap is never starved by back-to-back batches."""
-
-    def __init__(self) -> None:
-        self._changed = threading.Condition()
-        self._shared = 0            # shared holders inside
-        self._exclusive = False     # an exclusive holder inside
-        self._waiting = 0           # exclusive requests waiting
-
-    def acquire(self) -> None:
-        with self._changed:
-            self._waiting += 1
-            self._changed.wait_for(lambda: not self._exclusive and self._shared == 0)
-            self._waiting -= 1
-            self._exclusive = True
-
-    def release(self) -> None:
-        with self._changed:
-            if not self._exclusive:
-                raise RuntimeError("release of a SharedLock not held exclusively")
-            self._exclusive = False
-            self._changed.notify_all()
-
-    def __enter__(self) -> SharedLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-    @contextmanager
-    def shared(self) -> Iterator[None]:
-        with self._changed:
-            self._changed.wait_for(lambda: not self._exclusive and self._waiting == 0)
-            self._shared += 1
-        try:
-            yield
-        finally:
-            with self._changed:
-                self._shared -= 1
-                self._changed.notify_all()
 
 
 class Turn:

@@ -159,6 +159,12 @@ class WeightWindow:
     def resident_bytes(self) -> int:
         return self._resident
 
+    def holds_everything(self) -> bool:
+        """Every weight is resident and the allowance keeps it so: a frame then needs nothing
+        from the window, which may be bypassed until the allowance changes."""
+        with self._cond:
+            return self._allowance >= self.total_span and all(t.resident for t in self.tensors)
+
     @property
     def pinned_bytes(self) -> int:
         return sum(t.span for t in self.tensors if t.claim == PINNED)

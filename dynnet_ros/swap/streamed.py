@@ -267,8 +267,19 @@ class StreamedExecutor:
     def inmemory_bytes(self, shapes: Shapes | None = None) -> int:
         return (self._calibrated() if shapes is None else self.footprint(shapes)).inmemory_bytes()
 
+    def allow_concurrent_runs(self, runs: int) -> None:
+        """Up to ``runs`` frames at once while there is no budget and every weight is resident
+        (the window then has nothing to do, and is bypassed); under a budget frames take turns
+        through the window, in one lane."""
+        self.planned.allow_concurrent_runs(runs)
+
+    def runs_concurrently(self) -> bool:
+        return self._budget is None and self.planned.lanes > 1 and self.window.holds_everything()
+
     def set_budget(self, budget_bytes: int | None) -> None:
         """All weights resident for None; else the window the budget leaves (ValueError if too small)."""
+        if budget_bytes is not None:
+            self.planned.release_lanes()   # a budget counts one frame's activations
         if budget_bytes is None:
             self._budget = None
             self._over = None
@@ -319,7 +330,7 @@ class StreamedExecutor:
         if self._over is not None:
             self._over_frames += 1
         start = time.perf_counter()
-        outputs = self.planned.run(feeds, out)
+        outputs = self.planned.run_unhooked(feeds, out) if self.runs_concurrently() else self.planned.run(feeds, out)
         ms = (time.perf_counter() - start) * 1e3
         compute = ms - self.window.stats.last_frame_stall_ms
         self._latency_ms = ms if self._latency_ms is None else 0.7 * self._latency_ms + 0.3 * ms

@@ -8,6 +8,13 @@ pointer into the arena. Per run: bind the user's feeds and fresh output arrays, 
 in our order. Nothing is copied between
 segments; tensors whose shape only execution reveals (nac) are left to onnxruntime and passed
 on as ``OrtValue``s.
+
+Runs at once (``allow_concurrent_runs``): each run in flight has a lane of its own, an arena and
+its own bindings of the shared plans, over the same sessions (onnxruntime runs a session from
+several threads at once). A caller serving several batches thus keeps two cores busy with two
+single-threaded runs where one run's threads would wait on each other. Runs through a segment
+hook (streamed weights) or through If/Loop runners, which share one arena between branches,
+take turns in the first lane.
 """
 from __future__ import annotations
 
@@ -16,7 +23,8 @@ import threading
 import time
 import weakref
 from collections.abc import Hashable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from queue import PriorityQueue
 
 import numpy as np
 import onnxruntime as ort
@@ -75,8 +83,18 @@ class NothingToSave(ValueError):
         self.reference_inputs = dict(reference_inputs)
 
 
+@dataclass
+class _Lane:
+    """Where one run in flight keeps its tensors: an arena, and (lanes after the first) its own
+    bindings of the shared plans, by signature; the first lane uses the plans' own bindings."""
+
+    arena: Arena
+    lock: threading.Lock
+    bound: dict[Signature, BoundPlan] = field(default_factory=dict)
+
+
 class PlannedExecutor:
-    """Executor (see runtime.base) running a model as planned segments over one arena."""
+    """Executor (see runtime.base) running a model as planned segments over one arena per run in flight."""
 
     name = "cpu-planned"
 
@@ -125,6 +143,11 @@ class PlannedExecutor:
         self._last_use = self._last_uses()
         self._owns_arena = arena is None
         self.arena = arena if arena is not None else Arena()
+        self._planning = threading.Lock()   # the plan cache, asked from every lane
+        self._lanes: list[_Lane] = [_Lane(self.arena, self._lock)]
+        # the lowest free lane first: the first lane's arena serves every run that overlaps none
+        self._free_lanes: PriorityQueue[int] = PriorityQueue()
+        self._free_lanes.put(0)
         self.plans: LruCache[BoundPlan] = LruCache(opts.plan_cache_size)
         self.last_plan: BoundPlan | None = None
         self._segment_weight_bytes = [self._weight_bytes_of(s) for s in self.segments]
@@ -260,9 +283,42 @@ class PlannedExecutor:
         except ValueError:
             plan_offsets([(0, 1, 64), (0, 2, 64)])
 
+    # ------------------------------------------------------------------ runs at once
+    def allow_concurrent_runs(self, runs: int) -> None:
+        """Let up to ``runs`` runs go at once, each in a lane (arena) of its own, where the plan
+        allows it (no If/Loop runners: their branches share one arena; no segment hook). Lanes
+        beyond the first hold an arena only once two runs overlap."""
+        if runs < 1:
+            raise ValueError(f"concurrent runs must be >= 1, got {runs}")
+        if not self._owns_arena or any(not isinstance(r, BandedRunner) for r in self.branch_runners.values()):
+            runs = 1
+        while len(self._lanes) < runs:
+            self._lanes.append(_Lane(Arena(), threading.Lock()))
+            self._free_lanes.put(len(self._lanes) - 1)
+
+    @property
+    def lanes(self) -> int:
+        """How many runs may go at once (1: they take turns)."""
+        return len(self._lanes)
+
+    def runs_concurrently(self) -> bool:
+        """Whether ``run`` lets runs overlap now (several lanes and no segment hook)."""
+        return len(self._lanes) > 1 and self.segment_hook is None
+
+    def release_lanes(self) -> None:
+        """Free the arenas of every lane but the first (a budget counts one run's activations)."""
+        for lane in self._lanes[1:]:
+            with lane.lock:
+                lane.arena.release()
+                lane.bound.clear()
+
     # ------------------------------------------------------------------ plan
     def plan_for(self, feeds_shapes: Mapping[str, tuple[int, ...]]) -> BoundPlan:
         """The cached plan for this signature, or a new one (ValueError if a constraint breaks)."""
+        with self._planning:
+            return self._plan_for(feeds_shapes)
+
+    def _plan_for(self, feeds_shapes: Mapping[str, tuple[int, ...]]) -> BoundPlan:
         signature: Signature = tuple(sorted((k, tuple(v)) for k, v in feeds_shapes.items()))
         plan = self.plans.get(signature)
         if plan is not None:
@@ -385,43 +441,68 @@ class PlannedExecutor:
             return None
         return Version(signature, runners, cost, time.perf_counter() - start)
 
-    def _bind_plan(self, plan: BoundPlan, version: Version | None = None) -> None:
-        """Pre-bind every arena tensor of ``plan`` (redone when the arena moves or a version lands)."""
-        bind_plan(plan, self.runners, self.arena, version)
-
     # ------------------------------------------------------------------ run
     def run(self, feeds: Mapping[str, np.ndarray],
             out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Run on ``feeds``; ``out`` optionally gives arrays to write graph outputs into."""
+        if self.runs_concurrently():
+            return self.run_unhooked(feeds, out)
         with self._lock:
-            return self._run(feeds, out or {})
+            return self._run(feeds, out or {}, self._lanes[0], self.segment_hook)
 
-    def _run(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run_unhooked(self, feeds: Mapping[str, np.ndarray],
+                     out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """``run`` without the segment hook, in the first free lane (waits while every lane is
+        busy): for a hook with nothing to do (every weight resident), so runs can overlap."""
+        index = self._free_lanes.get()
+        try:
+            lane = self._lanes[index]
+            with lane.lock:
+                return self._run(feeds, out or {}, lane, None)
+        finally:
+            self._free_lanes.put(index)
+
+    def _lane_plan(self, plan: BoundPlan, lane: _Lane) -> BoundPlan:
+        """``plan`` as ``lane`` binds it: the plan itself in the first lane, else the lane's copy
+        (the same slots, bindings of its own), kept while the plan cache keeps the plan."""
+        if lane is self._lanes[0]:
+            return plan
+        bound = lane.bound.get(plan.signature)
+        if bound is None:
+            if len(lane.bound) >= self.plans.max_entries:
+                for signature in [s for s in lane.bound if self.plans.peek(s) is None]:
+                    del lane.bound[signature]
+            bound = lane.bound[plan.signature] = replace(plan, bindings=[], runners=[], loose=[],
+                                                         arena_generation=-1, bound_version=None)
+        return bound
+
+    def _run(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray], lane: _Lane,
+             hook: SegmentHook | None) -> dict[str, np.ndarray]:
         # raw pointers are bound below; np.require keeps 0-d feeds 0-d (a Loop body's iteration number)
         feeds = {k: np.require(v, requirements="C") for k, v in feeds.items()}
-        plan = self.plan_for({k: v.shape for k, v in feeds.items()})
-        self.arena.ensure(plan.height)
+        shared = self.plan_for({k: v.shape for k, v in feeds.items()})
+        plan = self._lane_plan(shared, lane)
+        arena = lane.arena
+        arena.ensure(plan.height)
         version = self.versions.get(plan.signature)
-        if plan.arena_generation != self.arena.generation or plan.bound_version is not version:
-            self._bind_plan(plan, version)
-        plan.uses += 1
-        self.last_plan = plan
+        if plan.arena_generation != arena.generation or plan.bound_version is not version:
+            bind_plan(plan, self.runners, arena, version)
+        shared.uses += 1
+        self.last_plan = shared
         results: dict[str, np.ndarray] = {}
         dynamic: dict[str, ort.OrtValue] = {}
         graph_outputs = set(self.graph.outputs)
-        hook = self.segment_hook
         if hook is None:
-            run_segments(plan, self.arena, self.branch_runners, feeds, out, results, dynamic, graph_outputs)
+            run_segments(plan, arena, self.branch_runners, feeds, out, results, dynamic, graph_outputs)
         else:
             hook.frame_start()
             try:
-                run_segments(plan, self.arena, self.branch_runners, feeds, out, results, dynamic, graph_outputs,
-                             hook)
+                run_segments(plan, arena, self.branch_runners, feeds, out, results, dynamic, graph_outputs, hook)
             except BaseException:  # any exit, interrupts included: the hook's frame ends; re-raised
                 hook.abort()
                 raise
             hook.frame_end()
-        return collect_outputs(plan, self.arena, self.graph, feeds, results, dynamic)
+        return collect_outputs(plan, arena, self.graph, feeds, results, dynamic)
 
     #: The (start, end, nbytes) buffers a plan placed (for reports and planner comparisons).
     plan_buffers = staticmethod(plan_buffers)
@@ -443,6 +524,7 @@ class PlannedExecutor:
         if needed is None or align(max(needed, 1)) >= self.arena.capacity or not self._owns_arena:
             return False
         self.arena.release()
+        self.release_lanes()
         return True
 
     def arena_bytes_at(self, shapes: Mapping[str, tuple[int, ...]]) -> int | None:
@@ -455,7 +537,7 @@ class PlannedExecutor:
     def executor_stats(self) -> ExecutorStats:
         """What Engine.engine_stats() reports for the planned backend."""
         plan = self.last_plan
-        return ExecutorStats(arena_bytes=self.arena.capacity, details={
+        return ExecutorStats(arena_bytes=sum(lane.arena.capacity for lane in self._lanes), details={
             "plan": {
                 "height_bytes": None if plan is None else plan.height,
                 "lower_bound_bytes": None if plan is None else plan.lower_bound,
@@ -475,6 +557,7 @@ class PlannedExecutor:
 
     def close(self) -> None:
         self.versions.close()
+        self.release_lanes()   # waits for the runs in the other lanes
         with self._lock:
             self.plans.clear()
             self.last_plan = None  # its bindings hold sessions
