@@ -25,7 +25,7 @@ from dynnet_ros.perception import Segmenter
 from dynnet_ros.perception.batch_budget import batch_need
 from dynnet_ros.perception.budget_split import FrameCosts
 from dynnet_ros.perception.mailbox import Arrival, Mailbox
-from dynnet_ros.perception.serving import CAMERA, Decoded, FrameInfo, Publish, ServingCore, ServingTask
+from dynnet_ros.perception.serving import CAMERA, Decoded, FrameInfo, Publish, ServingCore, ServingTask, engine_runs
 from dynnet_ros.perception.size_classes import announced_minimums
 
 WEIGHTS = np.array([[4.0, -2.0, -2.0]], np.float32)
@@ -34,7 +34,7 @@ PARAMS: dict[str, Any] = {
     "model_path": "", "model_format": "auto", "backend": "cpu", "threads": 1, "max_input_side": 0,
     "memory_budget_mb": 0.0, "budget_owner": "", "enabled": True, "max_rate_hz": 0.0, "mapping": "",
     "exit_threshold": -1.0, "deadline_ms": 0.0, "camera_sizes": ["96x64"], "classes": [""],
-    "batch_window_ms": 5.0, "max_batch": 0, "max_latency_ms": 100.0, "batches_in_flight": 1,
+    "batch_window_ms": 5.0, "max_batch": 0, "max_latency_ms": 100.0, "batches_in_flight": 1, "cameras": [],
 }
 COSTS = FrameCosts(output_bytes_per_pixel=8.0)
 
@@ -121,7 +121,8 @@ def _model(tmp_path: Path, name: str = "seg.onnx", batch: int | str = 1) -> str:
 
 def _build(path: str, params: dict[str, Any], budget: float | None) -> Segmenter:
     return ClosingSegmenter(path, mean=(0, 0, 0), std=(1, 1, 1), input_size=int(params["max_input_side"]),
-                            threshold=0.5, memory_budget_mb=budget, threads=int(params["threads"]), swappable=True)
+                            threshold=0.5, memory_budget_mb=budget, threads=int(params["threads"]), swappable=True,
+                            concurrent_runs=engine_runs(params))
 
 
 def _check(merged: dict[str, Any], updates: dict[str, Any]) -> None:
@@ -383,3 +384,15 @@ def test_two_batches_in_flight_publish_in_the_order_taken_and_are_both_charged(s
     box = core.core.preprocess.plan(*SIZES["left"])
     alone = COSTS.batch_bytes([], [box])
     assert core.split.frame.inputs == 2 * alone.inputs and core.split.frame.outputs == 2 * alone.outputs
+
+
+def test_two_batches_in_flight_run_the_engine_twice_at_once_until_a_budget_makes_them_take_turns(serving, caplog):
+    core, adapter, _ = serving(sources=CAMERAS, batches_in_flight=2, cameras=CAMERAS)
+    _offer_all(core, CAMERAS, 10)
+    wait_for(lambda: core.stats.processed == 4, 30, "the four cameras' frames")
+    values = core.status().values
+    assert values["engine_runs"] == 2 and values["engine_runs_overlap"] is True
+    with caplog.at_level(logging.WARNING, logger="test_serving_core"):
+        core.apply({"memory_budget_mb": 256.0})
+    assert "take turns under a budget" in caplog.text
+    assert core.status().values["engine_runs_overlap"] is False
