@@ -488,6 +488,8 @@ class ServingCore:
             old.close()  # load new -> swap -> close old: two cores only while switching
             release_memory()
             self._log_core(new_core, "switched to")
+        if BUDGET_PARAM in changed:
+            self._warn_runs_take_turns(float(merged[BUDGET_PARAM]))
         if self.sizes is not None and (new_core is not None or changed & set(ANNOUNCE_PARAMS)):
             self.sizes.announce(self.core, merged["camera_sizes"], self.batch_limit(), len(self.sources))
         if merged[OWNER_PARAM] and merged[OWNER_PARAM] != previous_owner:
@@ -508,7 +510,6 @@ class ServingCore:
         """A new node budget for the running core. One the engine refuses at the batch it runs
         but holds at a smaller one is taken with the batch lowered (WARN status): the engine
         gets its share from the next smaller batch's charge (``BudgetSplit.charge_frames``)."""
-        self._warn_runs_take_turns(float(merged[BUDGET_PARAM]))
         try:
             self.split.set_budget(self.engine, merged[BUDGET_PARAM], lambda: self._commit_budget(merged))
         except ValueError:

@@ -162,7 +162,7 @@ class WeightWindow:
     def holds_everything(self) -> bool:
         """Every weight is resident and the allowance keeps it so: a frame then needs nothing
         from the window, which may be bypassed until the allowance changes."""
-        with self._cond:
+        with self._cond:   # not ``_resident``: it counts a tensor from the start of its read
             return self._allowance >= self.total_span and all(t.resident for t in self.tensors)
 
     @property

@@ -278,8 +278,6 @@ class StreamedExecutor:
 
     def set_budget(self, budget_bytes: int | None) -> None:
         """All weights resident for None; else the window the budget leaves (ValueError if too small)."""
-        if budget_bytes is not None:
-            self.planned.release_lanes()   # a budget counts one frame's activations
         if budget_bytes is None:
             self._budget = None
             self._over = None
@@ -294,6 +292,7 @@ class StreamedExecutor:
                              f"one step needs)")
         self._budget = int(budget_bytes)
         self._over = None
+        self.planned.release_lanes()   # under a budget frames take turns: it counts one frame's activations
         self._apply_allowance()
 
     def _apply_allowance(self) -> None:
